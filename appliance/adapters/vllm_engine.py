@@ -1,0 +1,240 @@
+"""The real engine: vLLM's AsyncLLM in this process, engine core in child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psutil
+
+from appliance.config import Config, resolve_model_dir
+from appliance.domain.engine_types import (
+    EngineInfo,
+    EngineStats,
+    GenerationDelta,
+    GenerationRequest,
+)
+from appliance.errors import EngineDead, EngineStartError
+
+log = logging.getLogger("appliance.engine")
+
+
+class _StatsSink:
+    """Holds the newest scheduler stats; vLLM's stat logger writes, the daemon reads."""
+
+    def __init__(self) -> None:
+        self.latest = EngineStats()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+
+def _stat_logger_factory(sink: _StatsSink) -> Any:
+    """A per-engine StatLoggerBase factory bound to sink (vLLM constructs the logger)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class ApplianceStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                sink.latest = EngineStats(
+                    running=int(scheduler_stats.num_running_reqs),
+                    waiting=int(scheduler_stats.num_waiting_reqs),
+                    kv_cache_usage_ratio=float(scheduler_stats.kv_cache_usage),
+                    updated_at_s=time.time(),
+                )
+            if iteration_stats is not None:
+                sink.prompt_tokens_total += int(getattr(iteration_stats, "num_prompt_tokens", 0))
+                sink.generation_tokens_total += int(
+                    getattr(iteration_stats, "num_generation_tokens", 0)
+                )
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return lambda vllm_config, engine_index: ApplianceStatLogger(vllm_config, engine_index)
+
+
+class VllmEngine:
+    """Engine port over vllm.v1 AsyncLLM; one instance per engine start."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._model_dir = resolve_model_dir(cfg)
+        self._llm: Any = None
+        self._sink = _StatsSink()
+        self._children: list[int] = []
+        self._device = "cpu"
+
+    async def start(self) -> EngineInfo:
+        """Build AsyncLLM off the event loop (it blocks for the whole load and profile)."""
+        if not (self._model_dir / "config.json").is_file():
+            raise EngineStartError(f"engine.model: {self._model_dir} has no config.json")
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            self._llm = await asyncio.to_thread(self._build)
+        except EngineStartError:
+            raise
+        except Exception as exc:  # vLLM raises many types; the cause is in the message
+            raise EngineStartError(f"vLLM failed to start: {type(exc).__name__}: {exc}") from exc
+        # The multiprocessing resource tracker is shared by every engine start and exits
+        # with this process; only the engine's own processes belong to this instance.
+        self._children = [
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and not _is_resource_tracker(p)
+        ]
+        return self.info()
+
+    def _build(self) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        e = self._cfg.engine
+        self._device = "cpu" if current_platform.is_cpu() else current_platform.device_name
+        if self._device == "cpu":
+            # vLLM reads the CPU KV budget from the environment at engine build time.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{e.kv_cache_space_gib:g}"
+        args = AsyncEngineArgs(
+            model=str(self._model_dir),
+            served_model_name=[e.served_model_name or self._model_dir.name],
+            max_model_len=e.max_model_len,
+            max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            dtype=e.dtype,
+            kv_cache_dtype=e.kv_cache_dtype,
+            gpu_memory_utilization=e.gpu_memory_utilization,
+            tensor_parallel_size=e.tensor_parallel_size,
+            enforce_eager=e.enforce_eager,
+            seed=e.seed,
+            enable_log_requests=False,
+            disable_log_stats=True,  # our own stat logger is enough; keeps the log quiet
+        )
+        return AsyncLLM.from_engine_args(
+            args,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[_stat_logger_factory(self._sink)],
+        )
+
+    def info(self) -> EngineInfo:
+        """Limits and the KV profile that vLLM settled on."""
+        import vllm
+
+        vc = self._llm.vllm_config
+        blocks = vc.cache_config.num_gpu_blocks
+        block_size = vc.cache_config.block_size
+        return EngineInfo(
+            model_dir=str(self._model_dir),
+            max_model_len=int(vc.model_config.max_model_len),
+            kv_cache_tokens=int(blocks * block_size) if blocks else None,
+            block_size=int(block_size) if block_size else None,
+            num_blocks=int(blocks) if blocks else None,
+            kv_cache_space_gib=self._cfg.engine.kv_cache_space_gib
+            if self._device == "cpu"
+            else None,
+            device=self._device,
+            version=vllm.__version__,
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        """Stream deltas; cancelling the consumer aborts the engine request."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        s = request.sampling
+        params = SamplingParams(
+            n=1,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        gen = self._llm.generate(prompt, params, request.request_id)
+        try:
+            async for out in gen:
+                c = out.outputs[0]
+                yield GenerationDelta(
+                    text=c.text,
+                    new_tokens=len(c.token_ids),
+                    finish_reason=c.finish_reason if out.finished else None,
+                )
+        except EngineDeadError as exc:
+            raise EngineDead("the engine died while serving this request") from exc
+        except EngineGenerateError as exc:
+            if self.is_dead:
+                raise EngineDead("the engine died while serving this request") from exc
+            raise
+        finally:
+            # Closing vLLM's generator on an early exit (deadline, disconnect) aborts it there.
+            await gen.aclose()
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def check_health(self) -> None:
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            raise EngineDead(f"engine health check failed: {type(exc).__name__}") from exc
+
+    @property
+    def is_dead(self) -> bool:
+        return self._llm is None or bool(self._llm.errored)
+
+    def stats(self) -> EngineStats:
+        return self._sink.latest
+
+    def num_unfinished(self) -> int:
+        return int(self._llm.get_num_unfinished_requests()) if self._llm else 0
+
+    def child_pids(self) -> list[int]:
+        return list(self._children)
+
+    async def shutdown(self) -> None:
+        """Stop the engine core processes; wait until they are gone."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        await asyncio.to_thread(llm.shutdown)
+        _, alive = await asyncio.to_thread(_wait_pids, self._children, 10.0)
+        for proc in alive:
+            log.warning("engine child still alive after shutdown; killing", extra={"pid": proc.pid})
+            proc.kill()
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _wait_pids(
+    pids: list[int], timeout_s: float
+) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return psutil.wait_procs(procs, timeout=timeout_s)

@@ -1,0 +1,152 @@
+"""Admin API under /admin/: bearer-token auth, status snapshot, events, engine control."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from appliance.api.errors import Handler
+from appliance.api.keys import SERVICES, Services
+from appliance.errors import ApplianceError, Unauthorized
+from appliance.services.supervisor import EngineState
+
+routes = web.RouteTableDef()
+
+
+class Conflict(ApplianceError):
+    status = 409
+    type = "conflict"
+    code = "conflict"
+
+
+@web.middleware
+async def admin_auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every /admin/ call needs 'Authorization: Bearer <token>'."""
+    if request.path.startswith("/admin/") or request.path == "/admin":
+        token = request.app[SERVICES].admin_token
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+            raise Unauthorized(
+                "Authorization: 'Bearer <admin token>' required; the token is in "
+                "$APPLIANCE_ADMIN_TOKEN or the file admin.token in the state directory",
+                code="invalid_admin_token",
+            )
+    return await handler(request)
+
+
+def status_snapshot(svc: Services) -> dict[str, Any]:
+    """The whole daemon state as one JSON-able dict."""
+    sup = svc.supervisor
+    engine: dict[str, Any] = {
+        "state": sup.state.value,
+        "model": svc.model_name,
+        "restarts_total": dict(sup.restarts_total),
+        "started_at_s": sup.started_at_s,
+        "last_error": sup.last_error,
+    }
+    if sup.info is not None:
+        engine.update(asdict(sup.info))
+    try:
+        e = sup.engine
+        engine["stats"] = asdict(e.stats())
+        engine["child_pids"] = e.child_pids()
+        engine["unfinished"] = e.num_unfinished()
+    except ApplianceError:
+        engine["stats"] = None
+    adm = svc.admission.snapshot()
+    return {
+        "time_s": time.time(),
+        "uptime_s": round(time.time() - svc.started_at_s, 1),
+        "engine": engine,
+        "admission": asdict(adm),
+        "config": {
+            "concurrency_limit": svc.config.admission.concurrency_limit,
+            "max_queue_wait_s": svc.config.admission.max_queue_wait_s,
+            "queue_capacity": svc.config.admission.queue_capacity.model_dump(),
+            "max_model_len": svc.config.engine.max_model_len,
+        },
+        "events": [e.to_dict() for e in svc.events.recent(20)],
+    }
+
+
+@routes.get("/admin/status")
+async def get_status(request: web.Request) -> web.Response:
+    return web.json_response(status_snapshot(request.app[SERVICES]))
+
+
+@routes.get("/admin/events")
+async def get_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events of state changes; ?history=N replays the last N first."""
+    svc = request.app[SERVICES]
+    try:
+        history = max(0, min(500, int(request.query.get("history", "20"))))
+    except ValueError:
+        from appliance.errors import BadRequest
+
+        raise BadRequest("history: must be an integer between 0 and 500", param="history") from None
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+
+    async def send(event: Any) -> None:
+        await resp.write(
+            f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.to_dict())}\n\n".encode()
+        )
+
+    subscription = svc.events.subscribe()
+    # Subscribe before replaying so nothing falls between history and live.
+    next_event = asyncio.ensure_future(anext(subscription))
+    try:
+        for event in svc.events.recent(history) if history else []:
+            await send(event)
+        while True:
+            done, _ = await asyncio.wait({next_event}, timeout=15)
+            if not done:
+                await resp.write(b": keep-alive\n\n")  # proxies close idle streams
+                continue
+            await send(next_event.result())
+            next_event = asyncio.ensure_future(anext(subscription))
+    finally:
+        next_event.cancel()
+        with contextlib.suppress(BaseException):
+            await subscription.aclose()
+
+
+@routes.post("/admin/engine/restart")
+async def post_restart(request: web.Request) -> web.Response:
+    """Start a graceful restart in the background; 202 at once, progress via events."""
+    svc = request.app[SERVICES]
+    running = svc.restart_task
+    if (
+        running is not None and not running.done()
+    ) or svc.supervisor.state is EngineState.RESTARTING:
+        raise Conflict("a restart is already in progress")
+    svc.supervisor.check_admitting()
+    task = asyncio.create_task(
+        svc.supervisor.restart("requested through the admin API"), name="admin-restart"
+    )
+    svc.restart_task = task  # the restart outlives this HTTP call; keep a reference
+    return web.json_response({"status": "restarting"}, status=202)
+
+
+@routes.post("/admin/engine/pause")
+async def post_pause(request: web.Request) -> web.Response:
+    svc = request.app[SERVICES]
+    svc.supervisor.pause()
+    return web.json_response({"status": svc.supervisor.state.value})
+
+
+@routes.post("/admin/engine/resume")
+async def post_resume(request: web.Request) -> web.Response:
+    svc = request.app[SERVICES]
+    svc.supervisor.resume()
+    return web.json_response({"status": svc.supervisor.state.value})

@@ -1,0 +1,34 @@
+"""Typed application keys: every service the handlers use, never module globals."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from appliance.config import Config
+from appliance.ports import Tokenizer
+from appliance.services.admission import AdmissionQueue
+from appliance.services.events import EventBus
+from appliance.services.metrics import Metrics
+from appliance.services.supervisor import EngineSupervisor
+
+
+@dataclass
+class Services:
+    """The daemon's long-lived parts, built once in build_app."""
+
+    config: Config
+    model_name: str
+    tokenizer: Tokenizer
+    events: EventBus
+    metrics: Metrics
+    admission: AdmissionQueue
+    supervisor: EngineSupervisor
+    admin_token: str
+    started_at_s: float
+    restart_task: asyncio.Task[float] | None = None
+
+
+SERVICES = web.AppKey("services", Services)

@@ -1,0 +1,159 @@
+"""The `appliance` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from appliance.config import find_config_path, load_config, resolve_model_dir
+from appliance.errors import ConfigError
+
+# Sub-commands that live in their own modules, each with register(sub).
+_COMMAND_MODULES = ("appliance.commands.estimate", "appliance.commands.precheck")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    path = find_config_path(getattr(args, "config", None))
+    cfg = load_config(path)
+    return cfg.with_overrides(host=getattr(args, "host", None), port=getattr(args, "port", None))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from appliance.logs import setup_logging
+    from appliance.serve import run_daemon
+
+    cfg = _load(args)
+    setup_logging(cfg.logging.level, cfg.logging.json_lines)
+    return asyncio.run(run_daemon(cfg))
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.path)
+    print(f"{args.path}: OK (model {resolve_model_dir(cfg)}, port {cfg.server.port})")
+    return 0
+
+
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from appliance.model_prep import prepare_default_model
+
+    cfg = _load(args)
+    target = resolve_model_dir(cfg) if cfg.engine.model == "default" else None
+    if target is None:
+        print(f"engine.model is {cfg.engine.model}: nothing to prepare")
+        return 0
+    prepare_default_model(target, force=args.force)
+    print(target)
+    return 0
+
+
+def _admin_token(args: argparse.Namespace, cfg: Any) -> str:
+    if getattr(args, "token_file", None):
+        return Path(args.token_file).read_text().strip()
+    env = os.environ.get("APPLIANCE_ADMIN_TOKEN")
+    if env:
+        return env.strip()
+    path = cfg.state_dir / cfg.server.admin_token_file
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise SystemExit(
+            f"admin token: cannot read {path} ({exc.strerror}); "
+            "set $APPLIANCE_ADMIN_TOKEN or pass --token-file"
+        ) from None
+
+
+def admin_get(url: str, token: str, path: str) -> Any:
+    """GET an admin endpoint and decode its JSON (urllib: no event loop needed)."""
+    req = urllib.request.Request(
+        url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    url = args.url or f"http://{cfg.server.host}:{cfg.server.port}"
+    try:
+        snap = admin_get(url, _admin_token(args, cfg), "/admin/status")
+    except urllib.error.HTTPError as exc:
+        print(f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{url}: daemon not reachable ({exc})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(snap, indent=2))
+        return 0
+    eng, adm = snap["engine"], snap["admission"]
+    stats = eng.get("stats") or {}
+    print(f"engine     {eng['state']}  model {eng['model']}  device {eng.get('device', '?')}")
+    print(
+        f"kv cache   {eng.get('kv_cache_tokens')} tokens, usage {stats.get('kv_cache_usage_ratio', 0):.1%}"
+    )
+    print(f"admission  limit {adm['limit']}  in flight {adm['in_flight']}  queued {adm['queued']}")
+    print(f"restarts   {eng.get('restarts_total')}  uptime {snap['uptime_s']:.0f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the daemon in the foreground")
+    p.add_argument("--config")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("status", help="one-shot snapshot from the running daemon")
+    p.add_argument("--config")
+    p.add_argument("--url")
+    p.add_argument("--token-file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    cfg_p = sub.add_parser("config", help="config file tools")
+    cfg_sub = cfg_p.add_subparsers(dest="config_command", required=True)
+    p = cfg_sub.add_parser("check", help="validate a config file; exit 2 naming every bad key")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_config_check)
+
+    model_p = sub.add_parser("model", help="model tools")
+    model_sub = model_p.add_subparsers(dest="model_command", required=True)
+    p = model_sub.add_parser("prepare", help="convert the default model once (idempotent)")
+    p.add_argument("--config")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_model_prepare)
+
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

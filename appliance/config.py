@@ -1,0 +1,159 @@
+"""Typed, frozen configuration: parsed once, every bad key reported at once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from appliance.errors import ConfigError
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_DIRNAME = "SmolLM2-135M-Instruct"
+SYSTEM_CONFIG_PATH = Path("/etc/appliance/config.yaml")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=256 * 1_048_576)
+    # Optional client keys for /v1; empty means the OpenAI API is open on the loopback.
+    api_keys: tuple[str, ...] = ()
+    # Where the admin token comes from when $APPLIANCE_ADMIN_TOKEN is unset.
+    admin_token_file: str = "admin.token"
+
+
+class EngineConfig(_Section):
+    model: str = DEFAULT_MODEL
+    served_model_name: str | None = None
+    max_model_len: int = Field(2048, ge=64, le=1_048_576)
+    max_num_seqs: int = Field(64, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(None, ge=64)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    kv_cache_space_gib: float = Field(1.0, gt=0, le=1024)
+    gpu_memory_utilization: float = Field(0.9, gt=0.05, le=0.99)
+    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    enforce_eager: bool = True
+    seed: int = 0
+    start_timeout_s: float = Field(600.0, gt=0)
+    drain_timeout_s: float = Field(60.0, gt=0, le=3600)
+    health_interval_s: float = Field(2.0, gt=0, le=300)
+    restart_backoff_initial_s: float = Field(1.0, gt=0)
+    restart_backoff_max_s: float = Field(60.0, gt=0)
+    max_tokens_default: int = Field(256, ge=1)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> EngineConfig:
+        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
+            raise ValueError(
+                "restart_backoff_max_s must be >= restart_backoff_initial_s "
+                f"({self.restart_backoff_initial_s})"
+            )
+        return self
+
+
+class LaneConfig(_Section):
+    realtime: int = Field(64, ge=0, le=100_000)
+    interactive: int = Field(256, ge=0, le=100_000)
+    batch: int = Field(1024, ge=0, le=100_000)
+
+
+class AdmissionConfig(_Section):
+    concurrency_limit: int = Field(16, ge=1, le=4096)
+    max_queue_wait_s: float = Field(60.0, gt=0, le=3600)
+    queue_capacity: LaneConfig = LaneConfig()
+    retry_after_s: int = Field(2, ge=1, le=3600)
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json_lines: bool = True
+
+
+class Config(_Section):
+    state_dir: Path = Path("./state")
+    server: ServerConfig = ServerConfig()
+    engine: EngineConfig = EngineConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    def with_overrides(self, **server: Any) -> Config:
+        """A copy with server fields (host, port) replaced where given."""
+        changes = {k: v for k, v in server.items() if v is not None}
+        if not changes:
+            return self
+        return self.model_copy(update={"server": self.server.model_copy(update=changes)})
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate a mapping into a Config; ConfigError lists every bad key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [("<root>", "must be a mapping of keys")])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = _key_path(err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append((key, msg))
+        raise ConfigError(source, problems) from None
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """Config search order: --config, $APPLIANCE_CONFIG, /etc/appliance, ./config.yaml."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("APPLIANCE_CONFIG")
+    if env:
+        return Path(env)
+    for candidate in (SYSTEM_CONFIG_PATH, Path("config.yaml")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(path: str | os.PathLike[str] | None) -> Config:
+    """Read and validate a YAML config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(p), [("<file>", "not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), [("<file>", f"unreadable: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(p), [("<yaml>", str(exc).replace("\n", " "))]) from None
+    return parse_config(data, str(p))
+
+
+def resolve_model_dir(cfg: Config) -> Path:
+    """The folder the engine loads: the converted default model, or the configured one."""
+    if cfg.engine.model == DEFAULT_MODEL:
+        return (cfg.state_dir / "models" / DEFAULT_MODEL_DIRNAME).resolve()
+    return Path(cfg.engine.model).expanduser().resolve()
+
+
+def served_model_name(cfg: Config) -> str:
+    """The model id clients use in requests and see in /v1/models."""
+    if cfg.engine.served_model_name:
+        return cfg.engine.served_model_name
+    return resolve_model_dir(cfg).name

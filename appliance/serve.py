@@ -1,0 +1,67 @@
+"""`appliance serve`: run the daemon in the foreground until SIGTERM, then drain and exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from appliance.api.app import FATAL, build_app
+from appliance.api.keys import SERVICES
+from appliance.config import DEFAULT_MODEL, Config, resolve_model_dir
+from appliance.errors import EngineStartError
+
+log = logging.getLogger("appliance.serve")
+
+
+def _ensure_model(cfg: Config) -> None:
+    model_dir = resolve_model_dir(cfg)
+    if cfg.engine.model == DEFAULT_MODEL:
+        from appliance.model_prep import is_prepared, prepare_default_model
+
+        if not is_prepared(model_dir):
+            log.info("preparing the default model (once)", extra={"path": str(model_dir)})
+            prepare_default_model(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise EngineStartError(f"engine.model: {model_dir} is not a model folder (no config.json)")
+
+
+async def run_daemon(cfg: Config) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when the engine cannot start."""
+    from appliance.adapters.hf_tokenizer import HfTokenizer
+    from appliance.adapters.vllm_engine import VllmEngine
+
+    _ensure_model(cfg)
+    tokenizer = await asyncio.to_thread(HfTokenizer, resolve_model_dir(cfg))
+    app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer)
+    # handler_cancellation: a client that disconnects cancels its handler, which removes it
+    # from the queue or aborts its engine request.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_address=True)
+    await site.start()
+    log.info("listening", extra={"host": cfg.server.host, "port": cfg.server.port})
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_wait = asyncio.ensure_future(stop.wait())
+    fatal = app[FATAL]
+    await asyncio.wait({stop_wait, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    svc = app[SERVICES]
+    if fatal.done():
+        log.error("engine failed to start: %s", fatal.exception())
+        code = 1
+    else:
+        # The listener stays open while draining so late requests get 503 + Retry-After.
+        drained = await svc.supervisor.drain_and_stop(cfg.engine.drain_timeout_s)
+        log.info("drained" if drained else "drain timed out")
+    stop_wait.cancel()
+    await runner.cleanup()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return code

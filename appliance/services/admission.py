@@ -1,0 +1,221 @@
+"""Admission: bounded priority lanes in front of a concurrency limit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import IntEnum
+
+from appliance.config import AdmissionConfig
+from appliance.errors import ApplianceError, Overloaded
+
+
+class Lane(IntEnum):
+    """Lower value is served first."""
+
+    REALTIME = 0
+    INTERACTIVE = 1
+    BATCH = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: str) -> Lane:
+        return cls[value.upper()]
+
+
+LANE_NAMES = tuple(lane.label for lane in Lane)
+
+
+class DeadlineExceeded(ApplianceError):
+    """The request's deadline passed before it reached the engine."""
+
+    status = 408
+    type = "timeout_error"
+    code = "deadline_exceeded"
+
+
+@dataclass(eq=False)
+class _Waiter:
+    lane: Lane
+    future: asyncio.Future[None]
+    enqueued_s: float
+
+
+@dataclass(frozen=True)
+class AdmissionSnapshot:
+    """What the queue looks like right now."""
+
+    limit: int
+    in_flight: int
+    queued: dict[str, int]
+    dispatching: bool
+    admitted_total: int
+
+
+class AdmissionQueue:
+    """Grants engine slots: realtime before interactive before batch, FIFO within a lane."""
+
+    def __init__(self, cfg: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cfg = cfg
+        self._clock = clock
+        self._limit = cfg.concurrency_limit
+        self._in_flight = 0
+        self._admitted_total = 0
+        self._lanes: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in Lane}
+        self._capacity = {
+            Lane.REALTIME: cfg.queue_capacity.realtime,
+            Lane.INTERACTIVE: cfg.queue_capacity.interactive,
+            Lane.BATCH: cfg.queue_capacity.batch,
+        }
+        # Closed while the engine restarts or is paused: requests wait instead of failing.
+        self._dispatching = False
+        self._changed = asyncio.Event()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def queued(self, lane: Lane | None = None) -> int:
+        """Waiting requests in one lane, or in all."""
+        if lane is not None:
+            return len(self._lanes[lane])
+        return sum(len(q) for q in self._lanes.values())
+
+    def snapshot(self) -> AdmissionSnapshot:
+        return AdmissionSnapshot(
+            limit=self._limit,
+            in_flight=self._in_flight,
+            queued={lane.label: len(q) for lane, q in self._lanes.items()},
+            dispatching=self._dispatching,
+            admitted_total=self._admitted_total,
+        )
+
+    def set_limit(self, limit: int) -> None:
+        """Change how many requests may run in the engine at once (>= 1)."""
+        if limit < 1:
+            raise ValueError(f"concurrency limit must be >= 1, got {limit}")
+        self._limit = limit
+        self._dispatch()
+
+    def open(self) -> None:
+        """Start handing slots to waiting requests."""
+        self._dispatching = True
+        self._dispatch()
+
+    def close(self) -> None:
+        """Stop handing out slots; new and waiting requests stay queued."""
+        self._dispatching = False
+
+    @asynccontextmanager
+    async def slot(self, lane: Lane, deadline_s: float | None = None) -> AsyncIterator[None]:
+        """Hold one engine slot for the body; waits in the lane's queue if needed."""
+        await self._acquire(lane, deadline_s)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, lane: Lane, deadline_s: float | None) -> None:
+        if self._can_run_now(lane):
+            self._grant()
+            return
+        if len(self._lanes[lane]) >= self._capacity[lane]:
+            raise Overloaded(
+                f"the {lane.label} queue is full ({self._capacity[lane]} waiting); retry later",
+                retry_after_s=self._cfg.retry_after_s,
+            )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(lane, loop.create_future(), self._clock())
+        self._lanes[lane].append(waiter)
+        self._changed.set()
+        timeout = self._cfg.max_queue_wait_s
+        by_deadline = deadline_s is not None and deadline_s - self._clock() < timeout
+        if deadline_s is not None:
+            timeout = min(timeout, max(0.0, deadline_s - self._clock()))
+        try:
+            done, _ = await asyncio.wait({waiter.future}, timeout=timeout)
+        except asyncio.CancelledError:
+            # The client went away while queued: it must never reach the engine.
+            self._abandon(waiter)
+            raise
+        if not done:
+            self._abandon(waiter)
+            if by_deadline:
+                raise DeadlineExceeded(
+                    "deadline_ms: the deadline passed while the request was queued"
+                )
+            raise Overloaded(
+                f"waited {self._cfg.max_queue_wait_s:g} s in the {lane.label} queue "
+                "(admission.max_queue_wait_s); retry later",
+                retry_after_s=self._cfg.retry_after_s,
+                code="queue_timeout",
+            )
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        if waiter.future.done() and not waiter.future.cancelled():
+            self._release()  # granted in the same tick it gave up: hand the slot on
+            return
+        waiter.future.cancel()
+        try:
+            self._lanes[waiter.lane].remove(waiter)
+        except ValueError:
+            pass
+        self._changed.set()
+
+    def _can_run_now(self, lane: Lane) -> bool:
+        if not self._dispatching or self._in_flight >= self._limit:
+            return False
+        # Nobody of the same or a higher lane may be overtaken.
+        return all(not self._lanes[other] for other in Lane if other <= lane)
+
+    def _grant(self) -> None:
+        self._in_flight += 1
+        self._admitted_total += 1
+        self._changed.set()
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        self._changed.set()
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._dispatching and self._in_flight < self._limit:
+            waiter = self._next_waiter()
+            if waiter is None:
+                return
+            waiter.future.set_result(None)
+            self._grant()
+
+    def _next_waiter(self) -> _Waiter | None:
+        for lane in Lane:
+            queue = self._lanes[lane]
+            while queue:
+                waiter = queue.popleft()
+                if not waiter.future.done():
+                    return waiter
+        return None
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until predicate() holds (re-checked on every change); False on timeout."""
+        deadline = self._clock() + timeout_s
+        while not predicate():
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
+            except TimeoutError:
+                pass
+        return True

@@ -1,0 +1,98 @@
+"""The appliance_* Prometheus series, in a registry of our own (vLLM owns the global one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from appliance.services.admission import LANE_NAMES
+
+# *_created series double the exposition for no operator value.
+disable_created_metrics()
+
+# Seconds; the CPU engine is slow, a GPU fast: the buckets span both.
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+_TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
+
+
+class Metrics:
+    """Counters and histograms updated on the request path; gauges refreshed at scrape."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests_total = Counter(
+            "appliance_requests", "Finished requests by outcome", ["status"], registry=r
+        )
+        self.ttft_seconds = Histogram(
+            "appliance_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.tpot_seconds = Histogram(
+            "appliance_tpot_seconds",
+            "Time per output token after the first",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e_seconds = Histogram(
+            "appliance_e2e_seconds",
+            "Request latency, arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "appliance_queue_wait_seconds",
+            "Time spent waiting for an engine slot",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generated_tokens_total = Counter(
+            "appliance_generated_tokens", "Tokens generated", registry=r
+        )
+        self.prompt_tokens_total = Counter(
+            "appliance_prompt_tokens", "Prompt tokens processed", registry=r
+        )
+        self.engine_restarts_total = Counter(
+            "appliance_engine_restarts", "Engine restarts by cause", ["cause"], registry=r
+        )
+        self.requests_in_flight = Gauge(
+            "appliance_requests_in_flight", "Requests running in the engine", registry=r
+        )
+        self.queue_depth = Gauge(
+            "appliance_queue_depth", "Requests waiting per lane", ["priority"], registry=r
+        )
+        self.concurrency_limit = Gauge(
+            "appliance_concurrency_limit", "How many requests may run at once", registry=r
+        )
+        self.kv_cache_usage_ratio = Gauge(
+            "appliance_kv_cache_usage_ratio", "KV-cache blocks in use (0..1)", registry=r
+        )
+        self.engine_ready = Gauge(
+            "appliance_engine_ready", "1 when the engine admits requests", registry=r
+        )
+        self.engine_running = Gauge(
+            "appliance_engine_running_requests", "Requests the engine scheduler runs", registry=r
+        )
+        self.engine_waiting = Gauge(
+            "appliance_engine_waiting_requests", "Requests the engine scheduler holds", registry=r
+        )
+        for lane in LANE_NAMES:
+            self.queue_depth.labels(lane)
+        self._refreshers: list[Callable[[], None]] = []
+
+    def add_refresher(self, fn: Callable[[], None]) -> None:
+        """Call fn before each scrape to copy live state into gauges."""
+        self._refreshers.append(fn)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        for fn in self._refreshers:
+            fn()
+        return generate_latest(self.registry)
