@@ -200,13 +200,17 @@ def completion_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer, limits: Li
 def common(
     body: dict[str, Any],
     kind: str,
-    prompt_ids: list[int],
+    prompt_ids: list[int] | None,
     limits: Limits,
     lane_default: str = "interactive",
 ) -> ParsedRequest:
-    """Sampling, streaming, lane and length checks shared by both endpoints."""
-    n = _int(body, "n", 1, 1)
-    del n  # only n=1 is served; _int already refused anything else
+    """Sampling, streaming, lane and length checks shared by both endpoints.
+
+    With prompt_ids None only the field checks run: cheap, before the tokenizer.
+    """
+    room_check = prompt_ids is not None
+    prompt_ids = prompt_ids or []
+    _int(body, "n", 1, 1)  # only n=1 is served
     max_key = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )

@@ -106,9 +106,10 @@ class ThermalDecision:
 
 @dataclass(frozen=True)
 class _Worst:
-    """The governing GPU: the one furthest over (or least under) any threshold."""
+    """The governing GPU: a PROTECT cause before a derate cause before none, then the one
+    furthest over (or least under) its threshold."""
 
-    excess_c: float
+    rank: tuple[int, float]
     gpu_index: int
     temp_c: float | None
     text: str
@@ -136,10 +137,13 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
     cool = True
     worst: _Worst | None = None
 
-    def consider(excess: float, index: int, temp: float | None, text: str) -> None:
+    def consider(
+        excess: float, index: int, temp: float | None, text: str, *, protects: bool = False
+    ) -> None:
         nonlocal worst
-        if worst is None or excess > worst.excess_c:
-            worst = _Worst(excess, index, temp, text)
+        tier = (2 if protects else 1) if excess >= 0 else 0
+        if worst is None or (tier, excess) > worst.rank:
+            worst = _Worst((tier, excess), index, temp, text)
 
     for s in samples:
         if s.lost:
@@ -147,7 +151,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
             protect_clear = False
             hot = True
             cool = False
-            consider(math.inf, s.index, None, f"{s.label} ({s.uuid}) lost")
+            consider(math.inf, s.index, None, f"{s.label} ({s.uuid}) lost", protects=True)
             continue
         core, mem, slow = s.core_temp_c, s.mem_temp_c, s.slowdown_temp_c
         if not _known(s, "core_temp_c", core) or not _known(s, "mem_temp_c", mem):
@@ -157,7 +161,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
         if core is not None:
             hot_core = core >= cfg.derate_core_c
             hot = hot or hot_core
-            cool = cool and core < cfg.derate_core_c - hyst
+            cool = cool and core < cfg.derate_core_c
             consider(
                 core - cfg.derate_core_c,
                 s.index,
@@ -178,6 +182,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
                         core,
                         f"{s.label} core {core:.1f} °C within {cfg.protect_slowdown_margin_c:.1f}"
                         f" °C of its slowdown threshold {slow:.1f} °C",
+                        protects=True,
                     )
         if mem is not None:
             hot_mem = mem >= cfg.protect_mem_c
@@ -190,6 +195,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
                 f"{s.label} HBM {mem:.1f} °C "
                 + (">=" if hot_mem else "vs")
                 + f" protect {cfg.protect_mem_c:.1f} °C",
+                protects=True,
             )
     hot = hot or protect
     cool = cool and protect_clear

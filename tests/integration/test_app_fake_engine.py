@@ -1,0 +1,318 @@
+"""The HTTP app end to end over real sockets, with a fast fake engine for speed and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from appliance.api.app import build_app
+from appliance.api.keys import SERVICES
+from appliance.config import parse_config
+from tests.fakes import FakeEngine, WordTokenizer
+
+MODEL = "fake-model"
+
+
+class Harness:
+    def __init__(self, client: TestClient, engines: list[FakeEngine], token: str) -> None:
+        self.client = client
+        self.engines = engines
+        self.token = token
+
+    @property
+    def engine(self) -> FakeEngine:
+        return self.engines[-1]
+
+    @property
+    def svc(self):
+        return self.client.app[SERVICES]
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def wait_ready(self, timeout_s: float = 5.0) -> None:
+        for _ in range(int(timeout_s / 0.01)):
+            r = await self.client.get("/health/ready")
+            if r.status == 200:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not ready")
+
+
+def _cfg(tmp_path: Path, **admission):
+    return parse_config({
+        "state_dir": str(tmp_path),
+        "server": {"max_body_bytes": 4096},
+        "engine": {"served_model_name": MODEL, "max_model_len": 64, "max_tokens_default": 8,
+                   "drain_timeout_s": 5, "health_interval_s": 0.05,
+                   "restart_backoff_initial_s": 0.01, "restart_backoff_max_s": 0.05},
+        "admission": {"concurrency_limit": 2, "max_queue_wait_s": 5, "retry_after_s": 7,
+                      "queue_capacity": {"realtime": 2, "interactive": 16, "batch": 1},
+                      **admission},
+    })
+
+
+@pytest.fixture
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    engines: list[FakeEngine] = []
+
+    def factory() -> FakeEngine:
+        engines.append(FakeEngine(token_delay_s=0.005, start_delay_s=0.05, max_model_len=64))
+        return engines[-1]
+
+    app = build_app(_cfg(tmp_path), factory, WordTokenizer())
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    token = (tmp_path / "admin.token").read_text().strip()
+    harness = Harness(client, engines, token)
+    await harness.wait_ready()
+    yield harness
+    await client.close()
+
+
+def _chat(**kw):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 4}
+    body.update(kw)
+    return body
+
+
+async def test_admin_token_file_is_private(h: Harness, tmp_path: Path):
+    mode = stat.S_IMODE(os.stat(tmp_path / "admin.token").st_mode)
+    assert mode == 0o600
+
+
+async def test_chat_and_completion_shapes(h: Harness):
+    r = await h.client.post("/v1/chat/completions", json=_chat())
+    assert r.status == 200
+    body = await r.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 tok3 "
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 4
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 4
+    r = await h.client.post("/v1/completions", json={"model": MODEL, "prompt": "a b c",
+                                                     "max_tokens": 2})
+    body = await r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "tok0 tok1 "
+    assert body["usage"]["prompt_tokens"] == 3
+    r = await h.client.get("/v1/models")
+    assert (await r.json())["data"][0]["id"] == MODEL
+
+
+async def test_stream_ends_with_done_and_usage(h: Harness):
+    r = await h.client.post("/v1/chat/completions",
+                            json=_chat(stream=True, stream_options={"include_usage": True}))
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    lines = [ln for ln in (await r.text()).split("\n") if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "tok0 tok1 tok2 tok3 "
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+BAD_INPUTS = [
+    # (body or raw bytes, status, param, words in the message)
+    (b"{not json", 400, "body", "not valid JSON"),
+    (b'{"model": "\xff\xfe"}', 400, "body", "not valid UTF-8"),
+    (b"[1, 2]", 400, "body", "must be a JSON object"),
+    (_chat(model="gpt-9"), 404, "model", "'gpt-9' is not served here"),
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "model", "required"),
+    (_chat(messages=[]), 400, "messages", "must not be empty"),
+    (_chat(messages="hi"), 400, "messages", "list of {role, content}"),
+    (_chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role", "must be one of"),
+    (_chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content", "string"),
+    (_chat(max_tokens=0), 400, "max_tokens", "must be >= 1"),
+    (_chat(max_tokens="ten"), 400, "max_tokens", "must be an integer"),
+    (_chat(max_tokens=True), 400, "max_tokens", "must be an integer"),
+    (_chat(max_tokens=61), 400, "max_tokens", "exceeds the context limit of 64 tokens"),
+    (_chat(messages=[{"role": "user", "content": "w " * 80}]), 400, "messages",
+     "context limit is 64 tokens"),
+    (_chat(temperature=3), 400, "temperature", "[0, 2]"),
+    (_chat(temperature="hot"), 400, "temperature", "must be a number"),
+    (_chat(top_p=0), 400, "top_p", "(0, 1]"),
+    (_chat(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4"),
+    (_chat(stop=[""]), 400, "stop", "non-empty string"),
+    (_chat(n=2), 400, "n", "between 1 and 1"),
+    (_chat(stream="yes"), 400, "stream", "true or false"),
+    (_chat(seed=1.5), 400, "seed", "must be an integer"),
+    (_chat(priority="urgent"), 400, "priority", "must be one of"),
+    (_chat(deadline_ms=0), 400, "deadline_ms", "between 1 and 3600000"),
+    ({"model": MODEL, "prompt": ""}, 400, "prompt", "must not be empty"),
+    ({"model": MODEL, "prompt": [1, 99999999]}, 400, "prompt", "outside the vocabulary"),
+    ({"model": MODEL, "prompt": {"a": 1}}, 400, "prompt", "required"),
+    (b'{"model": "fake-model", "prompt": "' + b"x" * 5000 + b'"}', 413, "body",
+     "over the limit of 4096 bytes"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "param", "words"), BAD_INPUTS)
+async def test_bad_input_never_reaches_the_engine(h: Harness, body, status, param, words):
+    path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    if isinstance(body, bytes):
+        r = await h.client.post(path, data=body, headers={"Content-Type": "application/json"})
+    else:
+        r = await h.client.post(path, json=body)
+    assert r.status == status
+    err = (await r.json())["error"]
+    assert err["param"] == param
+    assert words in err["message"], err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert h.engine.seen == []
+
+
+async def test_unknown_route_is_json_404(h: Harness):
+    r = await h.client.get("/v1/nothing")
+    assert r.status == 404 and "error" in await r.json()
+
+
+async def test_admin_requires_token(h: Harness):
+    for method, path in [("GET", "/admin/status"), ("POST", "/admin/engine/restart"),
+                         ("GET", "/admin/events")]:
+        r = await h.client.request(method, path)
+        assert r.status == 401
+        assert "admin.token" in (await r.json())["error"]["message"]
+        r = await h.client.request(method, path, headers={"Authorization": "Bearer wrong"})
+        assert r.status == 401
+    r = await h.client.get("/admin/status", headers=h.admin())
+    snap = await r.json()
+    assert snap["engine"]["state"] == "ready" and snap["admission"]["limit"] == 2
+
+
+async def test_queue_full_gives_429_with_retry_after(h: Harness):
+    h.svc.supervisor.pause()  # nothing dispatches: the batch lane (capacity 1) fills
+    first = asyncio.create_task(h.client.post("/v1/chat/completions", json=_chat(priority="batch")))
+    await asyncio.sleep(0.05)
+    r = await h.client.post("/v1/chat/completions", json=_chat(priority="batch"))
+    assert r.status == 429 and r.headers["Retry-After"] == "7"
+    assert (await r.json())["error"]["code"] == "queue_full"
+    h.svc.supervisor.resume()
+    assert (await first).status == 200
+
+
+async def test_client_gone_while_queued_never_reaches_engine(h: Harness):
+    h.svc.supervisor.pause()
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.create_task(s.post(h.client.make_url("/v1/chat/completions"), json=_chat()))
+        await asyncio.sleep(0.1)
+        assert h.svc.admission.queued() == 1
+        task.cancel()
+    for _ in range(100):
+        if h.svc.admission.queued() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert h.svc.admission.queued() == 0
+    h.svc.supervisor.resume()
+    assert h.engine.seen == []
+
+
+async def test_client_gone_mid_stream_aborts_the_engine_request(h: Harness):
+    h.engine.token_delay_s = 0.05
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(h.client.make_url("/v1/chat/completions"),
+                            json=_chat(stream=True, max_tokens=50))
+        await resp.content.readline()
+        assert h.svc.admission.in_flight == 1
+        resp.close()
+    for _ in range(200):
+        if h.svc.admission.in_flight == 0 and not h.engine.running:
+            break
+        await asyncio.sleep(0.01)
+    assert h.svc.admission.in_flight == 0
+    assert h.engine.aborted == [h.engine.seen[0].request_id]
+
+
+async def test_deadline_returns_partial_answer(h: Harness):
+    h.engine.token_delay_s = 0.02
+    r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=50, deadline_ms=150))
+    body = await r.json()
+    assert body["choices"][0]["finish_reason"] == "deadline"
+    assert 0 < body["usage"]["completion_tokens"] < 50
+    assert h.engine.aborted == [h.engine.seen[0].request_id]
+
+
+async def test_restart_under_load_loses_nothing(h: Harness):
+    h.engine.token_delay_s = 0.01
+
+    async def one(i: int) -> int:
+        r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=10, stream=i % 2 == 0))
+        await r.read()
+        return r.status
+
+    first = [asyncio.create_task(one(i)) for i in range(4)]
+    await asyncio.sleep(0.02)
+    r = await h.client.post("/admin/engine/restart", headers=h.admin())
+    assert r.status == 202
+    r = await h.client.post("/admin/engine/restart", headers=h.admin())
+    assert r.status == 409
+    ready = await h.client.get("/health/ready")
+    assert ready.status == 503 and (await ready.json())["reason"] == "restarting"
+    later = [asyncio.create_task(one(i)) for i in range(4)]
+    statuses = await asyncio.gather(*first, *later)
+    assert statuses == [200] * 8
+    await h.wait_ready()
+    assert len(h.engines) == 2 and h.engines[0].shut_down
+    assert h.svc.supervisor.restarts_total == {"manual": 1}
+
+
+async def test_dead_engine_goes_not_ready_and_is_restarted(h: Harness):
+    h.engine.dead = True
+    for _ in range(200):
+        r = await h.client.get("/health/ready")
+        if r.status == 503:
+            break
+        await asyncio.sleep(0.005)
+    assert (await r.json())["reason"] == "engine_dead"
+    r = await h.client.post("/v1/chat/completions", json=_chat())
+    assert r.status == 503 and "Retry-After" in r.headers
+    await h.wait_ready()
+    assert h.svc.supervisor.restarts_total == {"engine_dead": 1}
+    r = await h.client.post("/v1/chat/completions", json=_chat())
+    assert r.status == 200
+
+
+async def test_engine_death_mid_stream_is_an_error_event(h: Harness):
+    h.engine.token_delay_s = 0.02
+    r = await h.client.post("/v1/chat/completions", json=_chat(stream=True, max_tokens=50))
+    await r.content.readline()
+    h.engine.dead = True
+    text = await r.text()
+    assert '"code": "engine_dead"' in text and text.rstrip().endswith("data: [DONE]")
+
+
+async def test_pause_resume_and_events_stream(h: Harness):
+    r = await h.client.get("/admin/events?history=50", headers=h.admin())
+    assert r.status == 200
+    await h.client.post("/admin/engine/pause", headers=h.admin())
+    assert (await h.client.get("/health/ready")).status == 503
+    await h.client.post("/admin/engine/resume", headers=h.admin())
+    seen: list[str] = []
+    while len([s for s in seen if s.startswith("data:")]) < 5:
+        seen.append((await r.content.readline()).decode().strip())
+    r.close()
+    states = [json.loads(s[5:])["data"].get("state") for s in seen if s.startswith("data:")]
+    assert states[-2:] == ["paused", "ready"]
+
+
+async def test_metrics_exposition(h: Harness):
+    await h.client.post("/v1/chat/completions", json=_chat())
+    await h.client.post("/v1/chat/completions", json=_chat(model="nope"))
+    text = await (await h.client.get("/metrics")).text()
+    for name in ["appliance_requests_total{status=\"ok\"} 1.0", "appliance_ttft_seconds_bucket",
+                 "appliance_tpot_seconds_count", "appliance_e2e_seconds_count",
+                 "appliance_requests_in_flight 0.0", "appliance_queue_depth{priority=\"batch\"}",
+                 "appliance_kv_cache_usage_ratio", "appliance_generated_tokens_total 4.0",
+                 "appliance_concurrency_limit 2.0"]:
+        assert name in text, name

@@ -1,0 +1,153 @@
+"""Admission queue: lane order, bounds, waits, cancellation, limit changes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from appliance.config import AdmissionConfig, LaneConfig
+from appliance.errors import Overloaded
+from appliance.services.admission import AdmissionQueue, DeadlineExceeded, Lane
+
+
+def _queue(limit: int = 1, cap: int = 4, wait_s: float = 5.0) -> AdmissionQueue:
+    q = AdmissionQueue(AdmissionConfig(
+        concurrency_limit=limit, max_queue_wait_s=wait_s,
+        queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap), retry_after_s=3,
+    ))
+    q.open()
+    return q
+
+
+async def _hold(q: AdmissionQueue, lane: Lane, order: list[str], name: str,
+                release: asyncio.Event) -> None:
+    async with q.slot(lane):
+        order.append(name)
+        await release.wait()
+
+
+async def test_lanes_are_served_realtime_first_then_fifo():
+    q = _queue(limit=1)
+    gate = asyncio.Event()
+    order: list[str] = []
+    first = asyncio.create_task(_hold(q, Lane.BATCH, order, "b0", gate))
+    await asyncio.sleep(0)
+    tasks = [
+        asyncio.create_task(_hold(q, lane, order, name, gate))
+        for lane, name in [(Lane.BATCH, "b1"), (Lane.INTERACTIVE, "i1"),
+                           (Lane.REALTIME, "r1"), (Lane.INTERACTIVE, "i2")]
+    ]
+    await asyncio.sleep(0.01)
+    assert q.queued() == 4 and q.in_flight == 1
+    gate.set()
+    await asyncio.gather(first, *tasks)
+    assert order == ["b0", "r1", "i1", "i2", "b1"]
+    assert q.in_flight == 0 and q.queued() == 0
+
+
+async def test_full_lane_is_rejected_with_retry_after():
+    q = _queue(limit=1, cap=1)
+    gate = asyncio.Event()
+    order: list[str] = []
+    running = asyncio.create_task(_hold(q, Lane.BATCH, order, "run", gate))
+    waiting = asyncio.create_task(_hold(q, Lane.BATCH, order, "wait", gate))
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded) as err:
+        async with q.slot(Lane.BATCH):
+            pass
+    assert err.value.retry_after_s == 3 and "batch queue is full (1 waiting)" in err.value.message
+    # Another lane still has room.
+    other = asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, "other", gate))
+    await asyncio.sleep(0.01)
+    assert q.queued(Lane.INTERACTIVE) == 1
+    gate.set()
+    await asyncio.gather(running, waiting, other)
+
+
+async def test_queue_wait_is_bounded():
+    q = _queue(limit=1, wait_s=0.05)
+    gate = asyncio.Event()
+    running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", gate))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as err:
+        async with q.slot(Lane.INTERACTIVE):
+            pass
+    assert err.value.code == "queue_timeout" and "max_queue_wait_s" in err.value.message
+    assert q.queued() == 0
+    gate.set()
+    await running
+
+
+async def test_deadline_while_queued_is_its_own_error():
+    q = _queue(limit=1, wait_s=5)
+    gate = asyncio.Event()
+    running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", gate))
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineExceeded):
+        async with q.slot(Lane.INTERACTIVE, deadline_s=time.monotonic() + 0.05):
+            pass
+    gate.set()
+    await running
+
+
+async def test_cancelled_waiter_leaves_the_queue_and_never_runs():
+    q = _queue(limit=1)
+    gate = asyncio.Event()
+    order: list[str] = []
+    running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, "run", gate))
+    await asyncio.sleep(0)
+    victim = asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, "victim", gate))
+    await asyncio.sleep(0.01)
+    assert q.queued() == 1
+    victim.cancel()
+    await asyncio.sleep(0)
+    assert q.queued() == 0
+    gate.set()
+    await running
+    assert order == ["run"] and q.in_flight == 0
+
+
+async def test_closed_queue_holds_requests_until_open():
+    q = _queue(limit=4)
+    q.close()
+    order: list[str] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)]
+    await asyncio.sleep(0.02)
+    assert order == [] and q.queued() == 3
+    q.open()
+    await asyncio.gather(*tasks)
+    assert order == ["r0", "r1", "r2"]
+
+
+async def test_raising_the_limit_dispatches_waiters():
+    q = _queue(limit=1)
+    gate = asyncio.Event()
+    order: list[str] = []
+    tasks = [asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    assert q.in_flight == 1
+    q.set_limit(3)
+    await asyncio.sleep(0)
+    assert q.in_flight == 3 and q.queued() == 0
+    with pytest.raises(ValueError, match=">= 1"):
+        q.set_limit(0)
+    gate.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_never_more_in_flight_than_the_limit():
+    q = _queue(limit=3, cap=100)
+    peak = 0
+
+    async def one() -> None:
+        nonlocal peak
+        async with q.slot(Lane.INTERACTIVE):
+            peak = max(peak, q.in_flight)
+            await asyncio.sleep(0.001)
+
+    await asyncio.gather(*(one() for _ in range(50)))
+    assert peak == 3 and q.in_flight == 0
