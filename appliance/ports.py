@@ -43,6 +43,9 @@ class Engine(Protocol):
 
     def num_unfinished(self) -> int: ...
 
+    def counters(self) -> dict[str, int]:
+        """Engine-side running totals (prompt and generated tokens it processed)."""
+
     def child_pids(self) -> list[int]: ...
 
     async def shutdown(self) -> None: ...

@@ -84,6 +84,9 @@ class FakeEngine:
     def num_unfinished(self) -> int:
         return len(self.running)
 
+    def counters(self) -> dict[str, int]:
+        return {"requests_total": len(self.seen)}
+
     def child_pids(self) -> list[int]:
         return []
 

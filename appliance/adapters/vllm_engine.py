@@ -206,6 +206,12 @@ class VllmEngine:
     def num_unfinished(self) -> int:
         return int(self._llm.get_num_unfinished_requests()) if self._llm else 0
 
+    def counters(self) -> dict[str, int]:
+        return {
+            "prompt_tokens_total": self._sink.prompt_tokens_total,
+            "generation_tokens_total": self._sink.generation_tokens_total,
+        }
+
     def child_pids(self) -> list[int]:
         return list(self._children)
 

@@ -57,6 +57,7 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
     try:
         e = sup.engine
         engine["stats"] = asdict(e.stats())
+        engine["counters"] = e.counters()
         engine["child_pids"] = e.child_pids()
         engine["unfinished"] = e.num_unfinished()
     except ApplianceError:

@@ -161,7 +161,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
         if core is not None:
             hot_core = core >= cfg.derate_core_c
             hot = hot or hot_core
-            cool = cool and core < cfg.derate_core_c
+            cool = cool and core < cfg.derate_core_c - hyst
             consider(
                 core - cfg.derate_core_c,
                 s.index,
@@ -227,6 +227,7 @@ def step(
         due = onset or now_s - last_cut >= cfg.step_interval_s
         if factor > cfg.floor_factor and due:
             new = max(cfg.floor_factor, factor * cfg.step_factor)
+            new = 1.0 if new >= 1.0 - _FULL_EPS else new  # a floor of ~1 disables derating
             actions.append(f"derate factor {factor:.2f} -> {new:.2f}")
             factor, last_cut, last_step = new, now_s, now_s
         elif factor <= cfg.floor_factor:

@@ -400,29 +400,36 @@ def _direction_changes(values: list[float]) -> int:
     return sum(1 for a, b in itertools.pairwise(signs) if a != b)
 
 
+unit_noise = st.one_of(st.sampled_from([-1.0, 1.0]), st.floats(-1.0, 1.0))
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     start=reachable,
-    center=st.floats(60.0, 100.0),
-    mem_center=st.one_of(st.none(), st.floats(70.0, 105.0)),
-    amplitude_frac=st.floats(0.0, 0.999),
-    noise=st.lists(st.tuples(gaps, st.floats(-1.0, 1.0), st.floats(-1.0, 1.0)), max_size=50),
+    core_offset=st.floats(-4.0, 4.0),
+    mem_offset=st.one_of(st.none(), st.floats(-4.0, 4.0)),
+    amplitude_frac=st.one_of(st.just(0.999), st.floats(0.0, 0.999)),
+    noise=st.lists(st.tuples(gaps, unit_noise, unit_noise), max_size=50),
 )
 def test_no_oscillation_on_a_noisy_plateau(
     start: tuple[ThermalState, float],
-    center: float,
-    mem_center: float | None,
+    core_offset: float,
+    mem_offset: float | None,
     amplitude_frac: float,
     noise: list[tuple[float, float, float]],
 ) -> None:
-    """Noise narrower than the hysteresis band can move the factor one way only."""
+    """Noise narrower than the hysteresis band, centred near a threshold, moves the factor
+    and the level one way only."""
     state, now = start
     amp = amplitude_frac * CFG.hysteresis_c / 2
+    center = CFG.derate_core_c - CFG.hysteresis_c / 2 + core_offset
     factors = [state.factor]
     severities = [state.level.severity]
     for gap, n_core, n_mem in noise:
         now += gap
-        mem = None if mem_center is None else mem_center + amp * n_mem
+        mem = None
+        if mem_offset is not None:
+            mem = CFG.protect_mem_c - CFG.hysteresis_c / 2 + mem_offset + amp * n_mem
         d = step(state, [gpu(center + amp * n_core, mem, slow=95.0)], now, CFG)
         factors.append(d.factor)
         severities.append(d.level.severity)

@@ -1,0 +1,137 @@
+"""Shared fixtures: one real daemon (real vLLM on the CPU) per test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
+START_TIMEOUT_S = 420
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `last` stop the shared daemon: run them after everything else."""
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    url: str
+    token: str
+    model_dir: Path
+    model_name: str
+    state_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    ready_history: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def get(self, path: str, admin: bool = False) -> tuple[int, dict]:
+        """GET path; (status, decoded JSON body)."""
+        req = urllib.request.Request(self.url + path, headers=self.admin_headers if admin else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def status(self) -> dict:
+        code, body = self.get("/admin/status", admin=True)
+        assert code == 200, body
+        return body
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def ensure_model() -> Path:
+    from appliance.model_prep import prepare_default_model
+
+    return prepare_default_model(MODEL_DIR)
+
+
+def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
+    """Start `appliance serve` as a real subprocess; wait until ready (recording readiness)."""
+    model_dir = ensure_model()
+    port = free_port()
+    cfg = {
+        "state_dir": str(state_dir),
+        "server": {"host": "127.0.0.1", "port": port},
+        "engine": {"model": str(model_dir), "max_model_len": 2048, "max_num_seqs": 32,
+                   "kv_cache_space_gib": 1, "drain_timeout_s": 90, "health_interval_s": 1},
+        "admission": {"concurrency_limit": 8, "max_queue_wait_s": 300, "retry_after_s": 3,
+                      "queue_capacity": {"realtime": 16, "interactive": 128, "batch": 2}},
+    }
+    for key, value in overrides.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    cfg_path = state_dir / "config.yaml"
+    cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
+    log_path = state_dir / "daemon.log"
+    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_ADMIN_TOKEN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "appliance", "serve", "--config", str(cfg_path)],
+        stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    history: list[tuple[int, str]] = []
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health/ready", timeout=5) as resp:
+                history.append((resp.status, "ready"))
+                break
+        except urllib.error.HTTPError as exc:
+            reason = json.loads(exc.read() or b"{}").get("reason", "")
+            if not history or history[-1] != (exc.code, reason):
+                history.append((exc.code, reason))
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    else:
+        proc.kill()
+        raise RuntimeError(f"daemon not ready in {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+    token = (state_dir / "admin.token").read_text().strip()
+    return Daemon(url=url, token=token, model_dir=model_dir, model_name=model_dir.name,
+                  state_dir=state_dir, log_path=log_path, proc=proc, ready_history=history)
+
+
+def stop_daemon(d: Daemon) -> None:
+    if d.proc.poll() is None:
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            d.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """The one real daemon of this test session (real vLLM engine on SmolLM2)."""
+    d = start_daemon(tmp_path_factory.mktemp("daemon-state"))
+    yield d
+    stop_daemon(d)
