@@ -97,7 +97,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     stats = eng.get("stats") or {}
     print(f"engine     {eng['state']}  model {eng['model']}  device {eng.get('device', '?')}")
     print(
-        f"kv cache   {eng.get('kv_cache_tokens')} tokens, usage {stats.get('kv_cache_usage_ratio', 0):.1%}"
+        f"kv cache   {eng.get('kv_cache_tokens')} tokens, "
+        f"usage {stats.get('kv_cache_usage_ratio', 0):.1%}"
     )
     print(f"admission  limit {adm['limit']}  in flight {adm['in_flight']}  queued {adm['queued']}")
     print(f"restarts   {eng.get('restarts_total')}  uptime {snap['uptime_s']:.0f} s")

@@ -106,6 +106,8 @@ class ThermalConfig(_Section):
     step_factor: float = Field(_D.step_factor, gt=0, lt=1)
     floor_factor: float = Field(_D.floor_factor, gt=0, le=1)
     step_interval_s: float = Field(_D.step_interval_s, gt=0, le=86400)
+    # Additive recovery per dwell_s (cuts are multiplicative): see appliance.domain.thermal.
+    recover_step: float = Field(_D.recover_step, gt=0, le=1)
 
     def to_policy(self) -> ThermalPolicyConfig:
         """The same numbers as the pure policy's frozen dataclass."""

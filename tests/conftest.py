@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from bench.servers import free_port, start_appliance
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
@@ -25,12 +23,6 @@ START_TIMEOUT_S = 420
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `last` stop the shared daemon: run them after everything else."""
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -76,47 +68,37 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
     """Start `appliance serve` as a real subprocess; wait until ready (recording readiness)."""
     model_dir = ensure_model()
     port = free_port()
-    cfg = {
-        "state_dir": str(state_dir),
+    cfg: dict = {
         "server": {"host": "127.0.0.1", "port": port},
-        "engine": {"model": str(model_dir), "max_model_len": 2048, "max_num_seqs": 32,
-                   "kv_cache_space_gib": 1, "drain_timeout_s": 90, "health_interval_s": 1},
-        "admission": {"concurrency_limit": 8, "max_queue_wait_s": 300, "retry_after_s": 3,
-                      "queue_capacity": {"realtime": 16, "interactive": 128, "batch": 2}},
+        "engine": {
+            "model": str(model_dir),
+            "max_model_len": 2048,
+            "max_num_seqs": 32,
+            "kv_cache_space_gib": 1,
+            "drain_timeout_s": 90,
+            "health_interval_s": 1,
+        },
+        "admission": {
+            "concurrency_limit": 8,
+            "max_queue_wait_s": 300,
+            "retry_after_s": 3,
+            "queue_capacity": {"realtime": 16, "interactive": 128, "batch": 2},
+        },
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
-    cfg_path = state_dir / "config.yaml"
-    cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
-    log_path = state_dir / "daemon.log"
-    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_ADMIN_TOKEN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "appliance", "serve", "--config", str(cfg_path)],
-        stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    history: list[tuple[int, str]] = []
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health/ready", timeout=5) as resp:
-                history.append((resp.status, "ready"))
-                break
-        except urllib.error.HTTPError as exc:
-            reason = json.loads(exc.read() or b"{}").get("reason", "")
-            if not history or history[-1] != (exc.code, reason):
-                history.append((exc.code, reason))
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.25)
-    else:
-        proc.kill()
-        raise RuntimeError(f"daemon not ready in {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+    server = start_appliance(cfg, state_dir, timeout_s=START_TIMEOUT_S)
     token = (state_dir / "admin.token").read_text().strip()
-    return Daemon(url=url, token=token, model_dir=model_dir, model_name=model_dir.name,
-                  state_dir=state_dir, log_path=log_path, proc=proc, ready_history=history)
+    return Daemon(
+        url=server.url,
+        token=token,
+        model_dir=model_dir,
+        model_name=model_dir.name,
+        state_dir=state_dir,
+        log_path=server.log_path,
+        proc=server.proc,
+        ready_history=server.ready_history,
+    )
 
 
 def stop_daemon(d: Daemon) -> None:

@@ -29,8 +29,13 @@ class WordTokenizer:
 class FakeEngine:
     """Emits 'tok0 tok1 ...' with a delay per token; records what it was asked."""
 
-    def __init__(self, token_delay_s: float = 0.01, start_delay_s: float = 0.0,
-                 fail_start: bool = False, max_model_len: int = 256) -> None:
+    def __init__(
+        self,
+        token_delay_s: float = 0.01,
+        start_delay_s: float = 0.0,
+        fail_start: bool = False,
+        max_model_len: int = 256,
+    ) -> None:
         self.token_delay_s = token_delay_s
         self.start_delay_s = start_delay_s
         self.fail_start = fail_start
@@ -45,8 +50,13 @@ class FakeEngine:
         await asyncio.sleep(self.start_delay_s)
         if self.fail_start:
             raise EngineStartError("fake engine refused to start")
-        return EngineInfo(model_dir="/fake", max_model_len=self.max_model_len,
-                          kv_cache_tokens=4096, block_size=16, num_blocks=256)
+        return EngineInfo(
+            model_dir="/fake",
+            max_model_len=self.max_model_len,
+            kv_cache_tokens=4096,
+            block_size=16,
+            num_blocks=256,
+        )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         self.seen.append(request)
@@ -59,8 +69,9 @@ class FakeEngine:
                 if self.dead:
                     raise EngineDead("fake engine died")
                 last = i == n - 1
-                yield GenerationDelta(text=f"tok{i} ", new_tokens=1,
-                                      finish_reason="length" if last else None)
+                yield GenerationDelta(
+                    text=f"tok{i} ", new_tokens=1, finish_reason="length" if last else None
+                )
             finished = True
         finally:
             self.running.discard(request.request_id)

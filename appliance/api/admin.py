@@ -100,7 +100,8 @@ async def get_events(request: web.Request) -> web.StreamResponse:
 
     async def send(event: Any) -> None:
         await resp.write(
-            f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.to_dict())}\n\n".encode()
+            f"id: {event.seq}\nevent: {event.kind}\n"
+            f"data: {json.dumps(event.to_dict())}\n\n".encode()
         )
 
     subscription = svc.events.subscribe()

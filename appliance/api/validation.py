@@ -221,7 +221,8 @@ def common(
             f"messages: the prompt is {len(prompt_ids)} tokens; the context limit is "
             f"{limits.max_model_len} tokens"
             if kind == "chat"
-            else f"prompt: {len(prompt_ids)} tokens; the context limit is {limits.max_model_len} tokens",
+            else f"prompt: {len(prompt_ids)} tokens; the context limit is "
+            f"{limits.max_model_len} tokens",
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )

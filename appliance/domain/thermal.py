@@ -4,9 +4,14 @@ NORMAL -> DERATE when a core reaches `derate_core_c`: the concurrency factor is 
 `step_factor` at once and again every `step_interval_s` while it stays hot, never below
 `floor_factor`. PROTECT when HBM reaches `protect_mem_c`, a core comes within
 `protect_slowdown_margin_c` of that GPU's own slowdown threshold, or a GPU is lost: admission
-then takes only realtime requests (enforced by the caller). Recovery is stepwise: one step
-back up per `dwell_s` that every GPU stays below its threshold minus `hysteresis_c`. The
-hottest GPU governs.
+then takes only realtime requests (enforced by the caller). Recovery is stepwise: the factor
+goes up by `recover_step` per `dwell_s` that every GPU stays below its threshold minus
+`hysteresis_c`. The hottest GPU governs.
+
+Cuts are multiplicative and recovery additive (AIMD) on purpose: with a load that overheats
+at full factor, a geometric climb back returns straight to the factor that overheated and
+the system cycles every few minutes; small additive steps settle on a factor whose
+temperature sits inside the hysteresis band, where the policy then holds.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from enum import StrEnum
 
 from appliance.domain.gpu_sample import GpuSample
 
-# Factors within this of 1.0 count as fully restored (geometric steps do not land on 1.0
-# exactly once the floor has clamped them).
+# Factors within this of 1.0 count as fully restored (sums of float steps can miss 1.0 by
+# an ulp).
 _FULL_EPS = 1e-9
 
 
@@ -49,6 +54,7 @@ class ThermalPolicyConfig:
     step_factor: float = 0.75
     floor_factor: float = 0.25
     step_interval_s: float = 30.0
+    recover_step: float = 0.1
 
     def __post_init__(self) -> None:
         problems = []
@@ -56,6 +62,8 @@ class ThermalPolicyConfig:
             problems.append(f"step_factor must be in (0, 1), got {self.step_factor}")
         if not 0.0 < self.floor_factor <= 1.0:
             problems.append(f"floor_factor must be in (0, 1], got {self.floor_factor}")
+        if not 0.0 < self.recover_step <= 1.0:
+            problems.append(f"recover_step must be in (0, 1], got {self.recover_step}")
         if not self.hysteresis_c > 0.0:
             problems.append(f"hysteresis_c must be > 0, got {self.hysteresis_c}")
         if not self.dwell_s >= 0.0:
@@ -241,7 +249,7 @@ def step(
         if factor < 1.0 and level is not ThermalLevel.PROTECT:
             start = cool_since if last_step is None else max(cool_since, last_step)
             if now_s - start >= cfg.dwell_s:
-                new = factor / cfg.step_factor
+                new = min(1.0, factor + cfg.recover_step)
                 new = 1.0 if new >= 1.0 - _FULL_EPS else new
                 actions.append(
                     f"cool for {now_s - start:.0f} s: derate factor {factor:.2f} -> {new:.2f}"

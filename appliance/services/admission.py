@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -167,10 +168,8 @@ class AdmissionQueue:
             self._release()  # granted in the same tick it gave up: hand the slot on
             return
         waiter.future.cancel()
-        try:
+        with contextlib.suppress(ValueError):  # already popped by _next_waiter
             self._lanes[waiter.lane].remove(waiter)
-        except ValueError:
-            pass
         self._changed.set()
 
     def _can_run_now(self, lane: Lane) -> bool:
@@ -214,8 +213,6 @@ class AdmissionQueue:
             if remaining <= 0:
                 return False
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
-            except TimeoutError:
-                pass
         return True

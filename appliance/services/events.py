@@ -30,7 +30,7 @@ class Event:
 
 
 class EventBus:
-    """Publishes events; subscribers get their own bounded queue so one slow reader stalls nobody."""
+    """Publishes events; each subscriber has its own bounded queue: a slow reader stalls nobody."""
 
     def __init__(self, history: int = 500, subscriber_queue: int = 256) -> None:
         self._seq = itertools.count(1)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from enum import Enum
+from enum import StrEnum
 
 from appliance.config import EngineConfig
 from appliance.domain.engine_types import EngineInfo
@@ -18,7 +18,7 @@ from appliance.services.events import EventBus
 log = logging.getLogger("appliance.supervisor")
 
 
-class EngineState(str, Enum):
+class EngineState(StrEnum):
     STARTING = "starting"
     READY = "ready"
     PAUSED = "paused"
@@ -108,7 +108,8 @@ class EngineSupervisor:
                 await engine.shutdown()
             if isinstance(exc, TimeoutError):
                 raise EngineStartError(
-                    f"engine did not start within engine.start_timeout_s={self._cfg.start_timeout_s:g}"
+                    "engine did not start within "
+                    f"engine.start_timeout_s={self._cfg.start_timeout_s:g}"
                 ) from exc
             raise
         self._engine = engine

@@ -62,8 +62,12 @@ async def test_completion_and_stop_through_openai_client(daemon: Daemon):
 async def test_streamed_text_equals_non_streamed_at_temperature_0(daemon: Daemon, kind: str):
     client = _client(daemon)
     if kind == "chat":
-        kw = dict(model=daemon.model_name, messages=[{"role": "user", "content": "Name three fruits."}],
-                  temperature=0, max_tokens=40)
+        kw = dict(
+            model=daemon.model_name,
+            messages=[{"role": "user", "content": "Name three fruits."}],
+            temperature=0,
+            max_tokens=40,
+        )
         full = (await client.chat.completions.create(**kw)).choices[0].message.content
         parts = []
         stream = await client.chat.completions.create(stream=True, **kw)
@@ -85,8 +89,11 @@ async def test_sixteen_concurrent_streams_all_finish(daemon: Daemon):
 
     async def one(i: int) -> tuple[str, str | None, int | None]:
         stream = await client.chat.completions.create(
-            model=daemon.model_name, messages=[{"role": "user", "content": f"Count to {i + 3}."}],
-            max_tokens=24, stream=True, stream_options={"include_usage": True},
+            model=daemon.model_name,
+            messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         text, finish, usage = [], None, None
         async for chunk in stream:
@@ -106,8 +113,12 @@ async def test_sixteen_concurrent_streams_all_finish(daemon: Daemon):
 async def test_disconnect_mid_stream_aborts_the_engine_request(daemon: Daemon):
     client = _client(daemon)
     stream = await client.chat.completions.create(
-        model=daemon.model_name, messages=[{"role": "user", "content": "Write a long story."}],
-        max_tokens=1500, stream=True, temperature=1.0, seed=3,
+        model=daemon.model_name,
+        messages=[{"role": "user", "content": "Write a long story."}],
+        max_tokens=1500,
+        stream=True,
+        temperature=1.0,
+        seed=3,
     )
     got = 0
     async for _chunk in stream:
@@ -135,7 +146,11 @@ BAD = [
     ({"messages": QUESTION, "top_p": 1.5}, 400, "top_p"),
     ({"messages": QUESTION, "seed": "x"}, 400, "seed: must be an integer"),
     ({"messages": QUESTION, "stop": [1]}, 400, "stop"),
-    (b'{"model": "m", "messages": "' + b"a" * 1_100_000 + b'"}', 413, "over the limit of 1048576 bytes"),
+    (
+        b'{"model": "m", "messages": "' + b"a" * 1_100_000 + b'"}',
+        413,
+        "over the limit of 1048576 bytes",
+    ),
 ]
 
 
@@ -147,8 +162,11 @@ async def test_bad_inputs_get_4xx_and_never_reach_the_engine(daemon: Daemon):
                 body = {"model": daemon.model_name, **body}
                 r = await s.post(daemon.url + "/v1/chat/completions", json=body)
             else:
-                r = await s.post(daemon.url + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                r = await s.post(
+                    daemon.url + "/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
             payload = await r.json()
             assert r.status == status, (body if isinstance(body, dict) else body[:40], payload)
             assert words in payload["error"]["message"], payload
@@ -160,8 +178,9 @@ async def test_openai_client_sees_typed_errors(daemon: Daemon):
     with pytest.raises(openai.NotFoundError):
         await client.chat.completions.create(model="nope", messages=QUESTION)
     with pytest.raises(openai.BadRequestError) as err:
-        await client.chat.completions.create(model=daemon.model_name, messages=QUESTION,
-                                             max_tokens=5000)
+        await client.chat.completions.create(
+            model=daemon.model_name, messages=QUESTION, max_tokens=5000
+        )
     assert "max_tokens" in str(err.value)
 
 
@@ -170,8 +189,9 @@ async def test_admin_without_token_is_401(daemon: Daemon):
         for path in ["/admin/status", "/admin/events"]:
             r = await s.get(daemon.url + path)
             assert r.status == 401
-        r = await s.post(daemon.url + "/admin/engine/restart",
-                         headers={"Authorization": "Bearer not-the-token"})
+        r = await s.post(
+            daemon.url + "/admin/engine/restart", headers={"Authorization": "Bearer not-the-token"}
+        )
         assert r.status == 401
 
 
@@ -180,9 +200,13 @@ async def test_queue_full_is_429_with_retry_after(daemon: Daemon):
     async with aiohttp.ClientSession(headers=daemon.admin_headers) as s:
         assert (await s.post(daemon.url + "/admin/engine/pause")).status == 200
         try:
-            waiting = [asyncio.create_task(s.post(daemon.url + "/v1/chat/completions", json=body))
-                       for _ in range(2)]
-            assert await _wait(lambda: daemon.status()["admission"]["queued"]["batch"] == 2, 10, 0.05)
+            waiting = [
+                asyncio.create_task(s.post(daemon.url + "/v1/chat/completions", json=body))
+                for _ in range(2)
+            ]
+            assert await _wait(
+                lambda: daemon.status()["admission"]["queued"]["batch"] == 2, 10, 0.05
+            )
             r = await s.post(daemon.url + "/v1/chat/completions", json=body)
             assert r.status == 429 and r.headers["Retry-After"] == "3"
             assert (await r.json())["error"]["type"] == "rate_limit_error"
@@ -197,8 +221,10 @@ async def test_graceful_restart_under_load_loses_no_request(daemon: Daemon):
 
     async def one(i: int) -> str:
         stream = await client.chat.completions.create(
-            model=daemon.model_name, messages=[{"role": "user", "content": f"Tell me about {i}."}],
-            max_tokens=48, stream=True,
+            model=daemon.model_name,
+            messages=[{"role": "user", "content": f"Tell me about {i}."}],
+            max_tokens=48,
+            stream=True,
         )
         parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
         return "".join(parts)
@@ -237,11 +263,17 @@ async def test_metrics_carry_the_contract_series(daemon: Daemon):
     client = _client(daemon)
     await client.chat.completions.create(model=daemon.model_name, messages=QUESTION, max_tokens=8)
     text = daemon_metrics(daemon)
-    for name in ["appliance_requests_total", "appliance_ttft_seconds_bucket",
-                 "appliance_tpot_seconds_bucket", "appliance_e2e_seconds_bucket",
-                 "appliance_requests_in_flight", 'appliance_queue_depth{priority="realtime"}',
-                 "appliance_kv_cache_usage_ratio", "appliance_generated_tokens_total",
-                 "appliance_concurrency_limit 8.0"]:
+    for name in [
+        "appliance_requests_total",
+        "appliance_ttft_seconds_bucket",
+        "appliance_tpot_seconds_bucket",
+        "appliance_e2e_seconds_bucket",
+        "appliance_requests_in_flight",
+        'appliance_queue_depth{priority="realtime"}',
+        "appliance_kv_cache_usage_ratio",
+        "appliance_generated_tokens_total",
+        "appliance_concurrency_limit 8.0",
+    ]:
         assert name in text, name
     ok = [ln for ln in text.splitlines() if ln.startswith('appliance_requests_total{status="ok"}')]
     assert ok and float(ok[0].split()[-1]) >= 1

@@ -18,8 +18,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.last]
 async def test_sigterm_drains_then_exits_clean(daemon: Daemon):
     descendants = [p.pid for p in psutil.Process(daemon.proc.pid).children(recursive=True)]
     assert descendants
-    body = {"model": daemon.model_name, "max_tokens": 48,
-            "messages": [{"role": "user", "content": "Describe the sea."}]}
+    body = {
+        "model": daemon.model_name,
+        "max_tokens": 48,
+        "messages": [{"role": "user", "content": "Describe the sea."}],
+    }
     async with aiohttp.ClientSession() as s:
 
         async def one() -> tuple[int, str]:
@@ -49,6 +52,9 @@ async def test_sigterm_drains_then_exits_clean(daemon: Daemon):
     code = await asyncio.to_thread(daemon.proc.wait, 120)
     assert code == 0, daemon.log_tail()
     await asyncio.sleep(1)
-    alive = [pid for pid in descendants if psutil.pid_exists(pid)
-             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        pid
+        for pid in descendants
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     assert alive == [], alive

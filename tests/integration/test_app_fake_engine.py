@@ -48,16 +48,28 @@ class Harness:
 
 
 def _cfg(tmp_path: Path, **admission):
-    return parse_config({
-        "state_dir": str(tmp_path),
-        "server": {"max_body_bytes": 4096},
-        "engine": {"served_model_name": MODEL, "max_model_len": 64, "max_tokens_default": 8,
-                   "drain_timeout_s": 5, "health_interval_s": 0.05,
-                   "restart_backoff_initial_s": 0.01, "restart_backoff_max_s": 0.05},
-        "admission": {"concurrency_limit": 2, "max_queue_wait_s": 5, "retry_after_s": 7,
-                      "queue_capacity": {"realtime": 2, "interactive": 16, "batch": 1},
-                      **admission},
-    })
+    return parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "server": {"max_body_bytes": 4096},
+            "engine": {
+                "served_model_name": MODEL,
+                "max_model_len": 64,
+                "max_tokens_default": 8,
+                "drain_timeout_s": 5,
+                "health_interval_s": 0.05,
+                "restart_backoff_initial_s": 0.01,
+                "restart_backoff_max_s": 0.05,
+            },
+            "admission": {
+                "concurrency_limit": 2,
+                "max_queue_wait_s": 5,
+                "retry_after_s": 7,
+                "queue_capacity": {"realtime": 2, "interactive": 16, "batch": 1},
+                **admission,
+            },
+        }
+    )
 
 
 @pytest.fixture
@@ -80,8 +92,11 @@ async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Ha
 
 
 def _chat(**kw):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": 4}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 4,
+    }
     body.update(kw)
     return body
 
@@ -100,8 +115,9 @@ async def test_chat_and_completion_shapes(h: Harness):
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 4
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 4
-    r = await h.client.post("/v1/completions", json={"model": MODEL, "prompt": "a b c",
-                                                     "max_tokens": 2})
+    r = await h.client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 2}
+    )
     body = await r.json()
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "tok0 tok1 "
     assert body["usage"]["prompt_tokens"] == 3
@@ -110,8 +126,9 @@ async def test_chat_and_completion_shapes(h: Harness):
 
 
 async def test_stream_ends_with_done_and_usage(h: Harness):
-    r = await h.client.post("/v1/chat/completions",
-                            json=_chat(stream=True, stream_options={"include_usage": True}))
+    r = await h.client.post(
+        "/v1/chat/completions", json=_chat(stream=True, stream_options={"include_usage": True})
+    )
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
     lines = [ln for ln in (await r.text()).split("\n") if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -132,14 +149,23 @@ BAD_INPUTS = [
     ({"messages": [{"role": "user", "content": "x"}]}, 400, "model", "required"),
     (_chat(messages=[]), 400, "messages", "must not be empty"),
     (_chat(messages="hi"), 400, "messages", "list of {role, content}"),
-    (_chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role", "must be one of"),
+    (
+        _chat(messages=[{"role": "wizard", "content": "x"}]),
+        400,
+        "messages[0].role",
+        "must be one of",
+    ),
     (_chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content", "string"),
     (_chat(max_tokens=0), 400, "max_tokens", "must be >= 1"),
     (_chat(max_tokens="ten"), 400, "max_tokens", "must be an integer"),
     (_chat(max_tokens=True), 400, "max_tokens", "must be an integer"),
     (_chat(max_tokens=61), 400, "max_tokens", "exceeds the context limit of 64 tokens"),
-    (_chat(messages=[{"role": "user", "content": "w " * 80}]), 400, "messages",
-     "context limit is 64 tokens"),
+    (
+        _chat(messages=[{"role": "user", "content": "w " * 80}]),
+        400,
+        "messages",
+        "context limit is 64 tokens",
+    ),
     (_chat(temperature=3), 400, "temperature", "[0, 2]"),
     (_chat(temperature="hot"), 400, "temperature", "must be a number"),
     (_chat(top_p=0), 400, "top_p", "(0, 1]"),
@@ -153,14 +179,20 @@ BAD_INPUTS = [
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "must not be empty"),
     ({"model": MODEL, "prompt": [1, 99999999]}, 400, "prompt", "outside the vocabulary"),
     ({"model": MODEL, "prompt": {"a": 1}}, 400, "prompt", "required"),
-    (b'{"model": "fake-model", "prompt": "' + b"x" * 5000 + b'"}', 413, "body",
-     "over the limit of 4096 bytes"),
+    (
+        b'{"model": "fake-model", "prompt": "' + b"x" * 5000 + b'"}',
+        413,
+        "body",
+        "over the limit of 4096 bytes",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("body", "status", "param", "words"), BAD_INPUTS)
 async def test_bad_input_never_reaches_the_engine(h: Harness, body, status, param, words):
-    path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    path = (
+        "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    )
     if isinstance(body, bytes):
         r = await h.client.post(path, data=body, headers={"Content-Type": "application/json"})
     else:
@@ -179,8 +211,11 @@ async def test_unknown_route_is_json_404(h: Harness):
 
 
 async def test_admin_requires_token(h: Harness):
-    for method, path in [("GET", "/admin/status"), ("POST", "/admin/engine/restart"),
-                         ("GET", "/admin/events")]:
+    for method, path in [
+        ("GET", "/admin/status"),
+        ("POST", "/admin/engine/restart"),
+        ("GET", "/admin/events"),
+    ]:
         r = await h.client.request(method, path)
         assert r.status == 401
         assert "admin.token" in (await r.json())["error"]["message"]
@@ -221,8 +256,9 @@ async def test_client_gone_while_queued_never_reaches_engine(h: Harness):
 async def test_client_gone_mid_stream_aborts_the_engine_request(h: Harness):
     h.engine.token_delay_s = 0.05
     async with aiohttp.ClientSession() as s:
-        resp = await s.post(h.client.make_url("/v1/chat/completions"),
-                            json=_chat(stream=True, max_tokens=50))
+        resp = await s.post(
+            h.client.make_url("/v1/chat/completions"), json=_chat(stream=True, max_tokens=50)
+        )
         await resp.content.readline()
         assert h.svc.admission.in_flight == 1
         resp.close()
@@ -247,7 +283,9 @@ async def test_restart_under_load_loses_nothing(h: Harness):
     h.engine.token_delay_s = 0.01
 
     async def one(i: int) -> int:
-        r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=10, stream=i % 2 == 0))
+        r = await h.client.post(
+            "/v1/chat/completions", json=_chat(max_tokens=10, stream=i % 2 == 0)
+        )
         await r.read()
         return r.status
 
@@ -310,9 +348,15 @@ async def test_metrics_exposition(h: Harness):
     await h.client.post("/v1/chat/completions", json=_chat())
     await h.client.post("/v1/chat/completions", json=_chat(model="nope"))
     text = await (await h.client.get("/metrics")).text()
-    for name in ["appliance_requests_total{status=\"ok\"} 1.0", "appliance_ttft_seconds_bucket",
-                 "appliance_tpot_seconds_count", "appliance_e2e_seconds_count",
-                 "appliance_requests_in_flight 0.0", "appliance_queue_depth{priority=\"batch\"}",
-                 "appliance_kv_cache_usage_ratio", "appliance_generated_tokens_total 4.0",
-                 "appliance_concurrency_limit 2.0"]:
+    for name in [
+        'appliance_requests_total{status="ok"} 1.0',
+        "appliance_ttft_seconds_bucket",
+        "appliance_tpot_seconds_count",
+        "appliance_e2e_seconds_count",
+        "appliance_requests_in_flight 0.0",
+        'appliance_queue_depth{priority="batch"}',
+        "appliance_kv_cache_usage_ratio",
+        "appliance_generated_tokens_total 4.0",
+        "appliance_concurrency_limit 2.0",
+    ]:
         assert name in text, name

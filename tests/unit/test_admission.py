@@ -13,16 +13,21 @@ from appliance.services.admission import AdmissionQueue, DeadlineExceeded, Lane
 
 
 def _queue(limit: int = 1, cap: int = 4, wait_s: float = 5.0) -> AdmissionQueue:
-    q = AdmissionQueue(AdmissionConfig(
-        concurrency_limit=limit, max_queue_wait_s=wait_s,
-        queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap), retry_after_s=3,
-    ))
+    q = AdmissionQueue(
+        AdmissionConfig(
+            concurrency_limit=limit,
+            max_queue_wait_s=wait_s,
+            queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap),
+            retry_after_s=3,
+        )
+    )
     q.open()
     return q
 
 
-async def _hold(q: AdmissionQueue, lane: Lane, order: list[str], name: str,
-                release: asyncio.Event) -> None:
+async def _hold(
+    q: AdmissionQueue, lane: Lane, order: list[str], name: str, release: asyncio.Event
+) -> None:
     async with q.slot(lane):
         order.append(name)
         await release.wait()
@@ -36,8 +41,12 @@ async def test_lanes_are_served_realtime_first_then_fifo():
     await asyncio.sleep(0)
     tasks = [
         asyncio.create_task(_hold(q, lane, order, name, gate))
-        for lane, name in [(Lane.BATCH, "b1"), (Lane.INTERACTIVE, "i1"),
-                           (Lane.REALTIME, "r1"), (Lane.INTERACTIVE, "i2")]
+        for lane, name in [
+            (Lane.BATCH, "b1"),
+            (Lane.INTERACTIVE, "i1"),
+            (Lane.REALTIME, "r1"),
+            (Lane.INTERACTIVE, "i2"),
+        ]
     ]
     await asyncio.sleep(0.01)
     assert q.queued() == 4 and q.in_flight == 1
@@ -115,7 +124,9 @@ async def test_closed_queue_holds_requests_until_open():
     order: list[str] = []
     gate = asyncio.Event()
     gate.set()
-    tasks = [asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)]
+    tasks = [
+        asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)
+    ]
     await asyncio.sleep(0.02)
     assert order == [] and q.queued() == 3
     q.open()
@@ -127,7 +138,9 @@ async def test_raising_the_limit_dispatches_waiters():
     q = _queue(limit=1)
     gate = asyncio.Event()
     order: list[str] = []
-    tasks = [asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)]
+    tasks = [
+        asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"r{i}", gate)) for i in range(3)
+    ]
     await asyncio.sleep(0.01)
     assert q.in_flight == 1
     q.set_limit(3)

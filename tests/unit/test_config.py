@@ -31,15 +31,21 @@ def test_every_bad_key_is_reported_at_once(tmp_path: Path):
         load_config(bad)
     keys = {k for k, _ in err.value.problems}
     assert keys == {
-        "server.port", "server.colour", "engine.max_model_len", "engine.drain_timeout_s",
-        "admission.queue_capacity.batch", "nonsense",
+        "server.port",
+        "server.colour",
+        "engine.max_model_len",
+        "engine.drain_timeout_s",
+        "admission.queue_capacity.batch",
+        "nonsense",
     }
     msg = dict(err.value.problems)
     assert msg["server.colour"] == "unknown key"
     assert "65535" in msg["server.port"]
 
 
-def test_config_check_exits_2_and_names_each_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_config_check_exits_2_and_names_each_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine:\n  dtype: float8\n  modle: x\n")
     assert main(["config", "check", str(bad)]) == 2
@@ -88,6 +94,7 @@ def test_default_model_lives_in_the_state_dir(tmp_path: Path):
 
 
 def test_python_dash_m_runs_the_cli():
-    out = subprocess.run([sys.executable, "-m", "appliance", "--help"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "appliance", "--help"], capture_output=True, text=True, check=True
+    )
     assert "serve" in out.stdout and "config" in out.stdout

@@ -1,0 +1,136 @@
+"""Start and stop HTTP servers as subprocesses (the appliance, vLLM's own), wait for ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProc:
+    """A started server: its process, URL, log, and the readiness answers seen while starting."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    ready_history: list[tuple[int, str]] = field(default_factory=list)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout_s: float = 120) -> int:
+        """SIGTERM, wait, SIGKILL if it will not go; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def launch(
+    cmd: list[str],
+    url: str,
+    ready_path: str,
+    log_path: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ServerProc:
+    """Run cmd; poll url+ready_path until 200, recording each distinct non-200 answer."""
+    proc = subprocess.Popen(
+        cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=cwd
+    )
+    server = ServerProc(proc, url, log_path)
+    history = server.ready_history
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[:4]} exited {proc.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(url + ready_path, timeout=5) as resp:
+                history.append((resp.status, "ready"))
+                return server
+        except urllib.error.HTTPError as exc:
+            try:
+                reason = json.loads(exc.read() or b"{}").get("reason", "")
+            except ValueError:
+                reason = ""
+            if not history or history[-1] != (exc.code, reason):
+                history.append((exc.code, reason))
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"{cmd[:4]} not ready in {timeout_s:g} s:\n{server.log_tail()}")
+
+
+def start_appliance(config: dict, state_dir: Path, timeout_s: float = 420) -> ServerProc:
+    """`python -m appliance serve` with config (a dict written as YAML-compatible JSON)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = state_dir / "config.yaml"
+    cfg_path.write_text(json.dumps({"state_dir": str(state_dir), **config}))
+    port = config["server"]["port"]
+    env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_ADMIN_TOKEN"}
+    return launch(
+        [sys.executable, "-m", "appliance", "serve", "--config", str(cfg_path)],
+        f"http://127.0.0.1:{port}",
+        "/health/ready",
+        state_dir / "daemon.log",
+        timeout_s,
+        env=env,
+    )
+
+
+def start_vllm_server(
+    model_dir: Path,
+    port: int,
+    log_path: Path,
+    kv_space_gib: float,
+    max_model_len: int,
+    max_num_seqs: int,
+    timeout_s: float = 420,
+) -> ServerProc:
+    """vLLM's own OpenAI server on the same model and engine settings."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        model_dir.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+        "--seed",
+        "0",
+    ]
+    return launch(cmd, f"http://127.0.0.1:{port}", "/health", log_path, timeout_s, env=env)
