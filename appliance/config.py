@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from appliance.errors import ConfigError
+from appliance.telemetry_config import TelemetryConfig, ThermalConfig
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DIRNAME = "SmolLM2-135M-Instruct"
@@ -70,6 +71,8 @@ class AdmissionConfig(_Section):
     concurrency_limit: int = Field(16, ge=1, le=4096)
     max_queue_wait_s: float = Field(60.0, gt=0, le=3600)
     queue_capacity: LaneConfig = LaneConfig()
+    # Share of the limit only realtime requests may use, so a batch flood cannot take it all.
+    realtime_reserved_share: float = Field(0.125, ge=0, le=0.9)
     retry_after_s: int = Field(2, ge=1, le=3600)
 
 
@@ -83,6 +86,8 @@ class Config(_Section):
     server: ServerConfig = ServerConfig()
     engine: EngineConfig = EngineConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    thermal: ThermalConfig = ThermalConfig()
     logging: LoggingConfig = LoggingConfig()
 
     def with_overrides(self, **server: Any) -> Config:

@@ -412,11 +412,9 @@ def plan_for_config(
     seq_len: int | None = None,
     batch_size: int = 1,
 ) -> MemoryPlan:
-    """The memory plan the daemon starts with: one engine.max_model_len sequence must fit.
-
-    On a GPU the budget is the smallest GPU at engine.gpu_memory_utilization; without one it
-    is the CPU engine's fixed engine.kv_cache_space_gib beside the weights in host memory.
-    """
+    """The plan the daemon starts with (and refuses on): one max_model_len sequence must fit."""
+    # On a GPU the budget is the smallest GPU at engine.gpu_memory_utilization; without one it
+    # is the CPU engine's fixed engine.kv_cache_space_gib beside the weights in host memory.
     if spec is None:
         spec = load_model_spec(resolve_model_dir(cfg))
     inv = inventory if inventory is not None else read_inventory()

@@ -100,6 +100,14 @@ def _kb_s_ok(v: float) -> bool:
     return 0 <= v < 1e9
 
 
+def _bytes_ok(v: float) -> bool:
+    return 0 < v < 2**50
+
+
+def _mask_ok(v: float) -> bool:
+    return 0 <= v < 2**64
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -113,12 +121,20 @@ class _Gpu:
     old_reasons_api: bool = False
     pcie_at_s: float | None = None
     pcie_kb_s: tuple[float | None, float | None] = (None, None)
+    pcie_invalid: frozenset[str] = frozenset()
     xid_registered: bool = False
     xid_count: int = 0
 
 
 def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _err(e: BaseException) -> str:
+    """Name an NVML error without str(), which may call into the library that failed."""
+    name = type(e).__name__.removeprefix("NVMLError_")
+    code = getattr(e, "value", None)
+    return f"{name} (NVML error {code})" if code is not None else repr(e)
 
 
 class NvmlTelemetry:
@@ -181,7 +197,7 @@ class NvmlTelemetry:
         try:
             count = int(nv.nvmlDeviceGetCount())
         except Exception as e:
-            self.error = f"NVML device count failed: {e}"
+            self.error = f"NVML device count failed: {_err(e)}"
             log.warning("NVML unavailable: %s", self.error)
             self.close()
             return
@@ -206,7 +222,7 @@ class NvmlTelemetry:
             return "NVIDIA driver not loaded"
         if code == self._codes["NO_PERMISSION"]:
             return "no permission to use NVML"
-        return f"NVML init failed: {e}"
+        return f"NVML init failed: {_err(e)}"
 
     def _open_gpu(self, index: int) -> _Gpu | None:
         nv = self._nv
@@ -216,7 +232,7 @@ class NvmlTelemetry:
             if self._is_lost(e):
                 log.error("NVML: gpu%d lost at start", index)
                 return _Gpu(index=index, handle=None, uuid=f"gpu{index}", name="?", lost=True)
-            log.warning("NVML: gpu%d not accessible, skipped: %s", index, e)
+            log.warning("NVML: gpu%d not accessible, skipped: %s", index, _err(e))
             return None
         gpu = _Gpu(index=index, handle=handle)
         try:
@@ -225,7 +241,7 @@ class NvmlTelemetry:
         except self._nvml_error as e:
             if self._is_lost(e):
                 gpu.lost = True
-            log.warning("NVML: gpu%d identity not readable: %s", index, e)
+            log.warning("NVML: gpu%d identity not readable: %s", index, _err(e))
         gpu.uuid = gpu.uuid or f"gpu{index}"
         gpu.name = gpu.name or "NVIDIA GPU"
         if not gpu.lost:
@@ -380,10 +396,10 @@ class NvmlTelemetry:
                 self._codes["FUNCTION_NOT_FOUND"],
             ):
                 g.unsupported.update(fields)
-                self._log_once(g.index, fields[0], "unsupported", "not supported (%s)", e)
+                self._log_once(g.index, fields[0], "unsupported", "not supported (%s)", _err(e))
                 return None
             invalid.update(fields)
-            self._log_once(g.index, fields[0], "error", "query failed (%s)", e)
+            self._log_once(g.index, fields[0], "error", "query failed (%s)", _err(e))
             return None
         except AttributeError as e:
             # An older pynvml without this function: as good as unsupported.
@@ -430,95 +446,80 @@ class NvmlTelemetry:
     def _sample_gpu(self, g: _Gpu, now: float) -> GpuSample:
         nv, h = self._nv, g.handle
         bad: set[str] = set()
-        q, c = self._query, self._checked
 
-        core = c(
-            g,
-            "core_temp_c",
-            q(
-                g,
-                ("core_temp_c",),
-                lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-                bad,
-            ),
-            _temp_ok,
-            bad,
+        def read(
+            name: str,
+            call: Callable[[], Any],
+            ok: Callable[[float], bool],
+            *,
+            scale: float = 1.0,
+            as_int: bool = False,
+            static: bool = False,
+        ) -> Any:
+            raw = self._static(g, name, call, bad) if static else self._query(g, (name,), call, bad)
+            value = self._checked(g, name, raw, ok, bad, scale=scale, as_int=as_int)
+            if static and value is None:
+                g.static.pop(name, None)  # an implausible constant is not kept; read it again
+            return value
+
+        def threshold(const: str) -> Callable[[], Any]:
+            return lambda: nv.nvmlDeviceGetTemperatureThreshold(h, getattr(nv, const))
+
+        core = read(
+            "core_temp_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), _temp_ok
         )
-        mem = c(
-            g, "mem_temp_c", q(g, ("mem_temp_c",), lambda: self._memory_temp(h), bad), _temp_ok, bad
+        mem = read("mem_temp_c", lambda: self._memory_temp(h), _temp_ok)
+        slowdown = read(
+            "slowdown_temp_c",
+            threshold("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
+            _threshold_ok,
+            static=True,
         )
-        thresholds = {}
-        for name, const in (
-            ("slowdown_temp_c", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-            ("shutdown_temp_c", "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
-            ("mem_max_temp_c", "NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
-        ):
-            raw = self._static(
-                g,
-                name,
-                lambda const=const: nv.nvmlDeviceGetTemperatureThreshold(h, getattr(nv, const)),
-                bad,
-            )
-            thresholds[name] = c(g, name, raw, _threshold_ok, bad)
-            if thresholds[name] is None:
-                g.static.pop(name, None)  # an odd threshold is not cached; read it again
-        power = c(
-            g,
-            "power_w",
-            q(g, ("power_w",), lambda: nv.nvmlDeviceGetPowerUsage(h), bad),
-            _power_ok,
-            bad,
-            scale=1000.0,
+        shutdown = read(
+            "shutdown_temp_c",
+            threshold("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
+            _threshold_ok,
+            static=True,
         )
-        limit = c(
-            g,
-            "power_limit_w",
-            q(g, ("power_limit_w",), lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h), bad),
-            _limit_ok,
-            bad,
-            scale=1000.0,
+        mem_max = read(
+            "mem_max_temp_c",
+            threshold("NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
+            _threshold_ok,
+            static=True,
         )
-        energy = c(
-            g,
-            "energy_j",
-            q(g, ("energy_j",), lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), bad),
-            _nonneg,
-            bad,
-            scale=1000.0,
+        # NVML reports milliwatts and millijoules.
+        power = read("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h), _power_ok, scale=1000.0)
+        limit = read(
+            "power_limit_w", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h), _limit_ok, scale=1000.0
         )
-        sm = c(
-            g,
+        energy = read(
+            "energy_j", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), _nonneg, scale=1000.0
+        )
+        sm = read(
             "sm_clock_mhz",
-            q(g, ("sm_clock_mhz",), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), bad),
+            lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
             _clock_ok,
-            bad,
             as_int=True,
         )
-        mclk = c(
-            g,
+        mclk = read(
             "mem_clock_mhz",
-            q(g, ("mem_clock_mhz",), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), bad),
+            lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
             _clock_ok,
-            bad,
             as_int=True,
         )
-        util = q(
+        # One call each fills two fields.
+        util = self._query(
             g, ("gpu_util_pct", "mem_bw_util_pct"), lambda: nv.nvmlDeviceGetUtilizationRates(h), bad
         )
-        gpu_util = c(g, "gpu_util_pct", getattr(util, "gpu", None), _pct_ok, bad)
-        bw_util = c(g, "mem_bw_util_pct", getattr(util, "memory", None), _pct_ok, bad)
-        meminfo = q(
+        gpu_util = self._checked(g, "gpu_util_pct", getattr(util, "gpu", None), _pct_ok, bad)
+        bw_util = self._checked(g, "mem_bw_util_pct", getattr(util, "memory", None), _pct_ok, bad)
+        meminfo = self._query(
             g, ("mem_used_bytes", "mem_total_bytes"), lambda: nv.nvmlDeviceGetMemoryInfo(h), bad
         )
-        total = c(
-            g,
-            "mem_total_bytes",
-            getattr(meminfo, "total", None),
-            lambda v: 0 < v < 2**50,
-            bad,
-            as_int=True,
+        total = self._checked(
+            g, "mem_total_bytes", getattr(meminfo, "total", None), _bytes_ok, bad, as_int=True
         )
-        used = c(
+        used = self._checked(
             g,
             "mem_used_bytes",
             getattr(meminfo, "used", None),
@@ -526,61 +527,37 @@ class NvmlTelemetry:
             bad,
             as_int=True,
         )
-        gen = c(
-            g,
-            "pcie_gen",
-            q(g, ("pcie_gen",), lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h), bad),
-            _gen_ok,
-            bad,
-            as_int=True,
+        gen = read(
+            "pcie_gen", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h), _gen_ok, as_int=True
         )
-        gen_max = c(
-            g,
+        gen_max = read(
             "pcie_gen_max",
-            self._static(g, "pcie_gen_max", lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h), bad),
+            lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
             _gen_ok,
-            bad,
             as_int=True,
+            static=True,
         )
-        width = c(
-            g,
-            "pcie_width",
-            q(g, ("pcie_width",), lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h), bad),
-            _width_ok,
-            bad,
-            as_int=True,
+        width = read(
+            "pcie_width", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h), _width_ok, as_int=True
         )
-        width_max = c(
-            g,
+        width_max = read(
             "pcie_width_max",
-            self._static(g, "pcie_width_max", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h), bad),
+            lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
             _width_ok,
-            bad,
             as_int=True,
+            static=True,
         )
         tx, rx = self._pcie_throughput(g, bad)
         nvlink = self._nvlink_active(g, bad)
-        reasons_mask = c(
-            g,
-            "throttle_reasons",
-            q(g, ("throttle_reasons",), lambda: self._reasons_mask(g), bad),
-            lambda v: 0 <= v < 2**64,
-            bad,
-            as_int=True,
+        reasons_mask = read(
+            "throttle_reasons", lambda: self._reasons_mask(g), _mask_ok, as_int=True
         )
-        ecc = c(
-            g,
+        ecc = read(
             "ecc_errors",
-            q(
-                g,
-                ("ecc_errors",),
-                lambda: nv.nvmlDeviceGetTotalEccErrors(
-                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-                ),
-                bad,
+            lambda: nv.nvmlDeviceGetTotalEccErrors(
+                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
             ),
             _count_ok,
-            bad,
             as_int=True,
         )
         return GpuSample(
@@ -612,7 +589,9 @@ class NvmlTelemetry:
             xid_errors=None if "xid_errors" in g.unsupported else g.xid_count,
             unsupported=tuple(sorted(g.unsupported)),
             invalid=tuple(sorted(bad - g.unsupported)),
-            **thresholds,
+            slowdown_temp_c=slowdown,
+            shutdown_temp_c=shutdown,
+            mem_max_temp_c=mem_max,
         )
 
     def _memory_temp(self, handle: Any) -> float:
@@ -644,6 +623,7 @@ class NvmlTelemetry:
             return None, None
         now = self._monotonic()
         if g.pcie_at_s is not None and now - g.pcie_at_s < self._pcie_interval_s:
+            bad.update(g.pcie_invalid)  # a kept reading stays as (in)valid as when read
             return g.pcie_kb_s
         nv = self._nv
         kinds = (
@@ -661,6 +641,7 @@ class NvmlTelemetry:
             vals.append(self._checked(g, name, raw, _kb_s_ok, bad))
         g.pcie_at_s = now
         g.pcie_kb_s = (vals[0], vals[1])
+        g.pcie_invalid = frozenset(bad & {"pcie_tx_kb_s", "pcie_rx_kb_s"})
         return g.pcie_kb_s
 
     def _nvlink_active(self, g: _Gpu, bad: set[str]) -> int | None:
@@ -690,7 +671,7 @@ class NvmlTelemetry:
                 data = nv.nvmlEventSetWait_v2(self._event_set, 0)
             except self._nvml_error as e:
                 if getattr(e, "value", None) != self._codes["TIMEOUT"]:
-                    self._log_once(-1, "xid_errors", "error", "event wait failed (%s)", e)
+                    self._log_once(-1, "xid_errors", "error", "event wait failed (%s)", _err(e))
                 return
             except Exception as e:
                 self._log_once(-1, "xid_errors", "error", "event wait failed (%r)", e)

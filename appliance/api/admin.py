@@ -12,9 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
+from appliance.adapters.simgpu import SimGpu
 from appliance.api.errors import Handler
 from appliance.api.keys import SERVICES, Services
-from appliance.errors import ApplianceError, Unauthorized
+from appliance.errors import ApplianceError, BadRequest, Unauthorized
 from appliance.services.supervisor import EngineState
 
 routes = web.RouteTableDef()
@@ -74,8 +75,73 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
             "queue_capacity": svc.config.admission.queue_capacity.model_dump(),
             "max_model_len": svc.config.engine.max_model_len,
         },
+        "telemetry": telemetry_snapshot(svc),
         "events": [e.to_dict() for e in svc.events.recent(20)],
     }
+
+
+def telemetry_snapshot(svc: Services) -> dict[str, Any]:
+    """GPU samples, thermal state and the adapter's own status."""
+    loop = svc.telemetry_loop
+    state = loop.thermal_state
+    out: dict[str, Any] = {
+        "source": svc.telemetry.name,
+        "simulated": svc.telemetry.simulated,
+        "gpus": [s.to_dict() for s in loop.latest_samples],
+        "thermal": {
+            "level": state.level.value,
+            "factor": state.factor,
+            "since_s": state.since_s,
+            "reason": loop.latest_decision.reason if loop.latest_decision else None,
+        },
+        "energy_total_j": loop.energy_total_j,
+        "samples_taken": loop.samples_taken,
+        "last_sample_ms": None
+        if loop.last_sample_duration_s is None
+        else round(loop.last_sample_duration_s * 1000, 3),
+        "errors": loop.errors,
+        "last_error": loop.last_error,
+    }
+    if isinstance(svc.telemetry, SimGpu):
+        out["faults"] = svc.telemetry.active_faults()
+    status = getattr(svc.telemetry, "status", None)
+    if callable(status):
+        out["adapter"] = status()
+    return out
+
+
+@routes.post("/admin/telemetry/faults")
+async def post_fault(request: web.Request) -> web.Response:
+    """Inject a simulated-GPU fault: {name, gpu?, delta_c?, factor?, duration_s?}."""
+    svc = request.app[SERVICES]
+    if not isinstance(svc.telemetry, SimGpu):
+        raise Conflict("faults can only be injected into the simulated GPU (telemetry.source sim)")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("body: not valid JSON", param="body") from None
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        raise BadRequest(
+            "name: required, one of hot_room, failed_fan, lost_gpu, hbm_hot", param="name"
+        )
+    kwargs = {k: body[k] for k in ("delta_c", "factor", "duration_s") if k in body}
+    try:
+        svc.telemetry.set_fault(body["name"], body.get("gpu"), **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"fault: {exc}".replace("\n", " "), param="name") from None
+    svc.events.emit("fault_injected", f"simulated fault {body['name']} set", **body)
+    return web.json_response({"faults": svc.telemetry.active_faults()})
+
+
+@routes.delete("/admin/telemetry/faults")
+async def delete_faults(request: web.Request) -> web.Response:
+    """Clear simulated-GPU faults (all, or ?name=...)."""
+    svc = request.app[SERVICES]
+    if not isinstance(svc.telemetry, SimGpu):
+        raise Conflict("no simulated GPU to clear faults on")
+    removed = svc.telemetry.clear_faults(request.query.get("name"))
+    svc.events.emit("fault_cleared", f"{removed} simulated fault(s) cleared", removed=removed)
+    return web.json_response({"removed": removed, "faults": svc.telemetry.active_faults()})
 
 
 @routes.get("/admin/status")
@@ -90,8 +156,6 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     try:
         history = max(0, min(500, int(request.query.get("history", "20"))))
     except ValueError:
-        from appliance.errors import BadRequest
-
         raise BadRequest("history: must be an integer between 0 and 500", param="history") from None
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

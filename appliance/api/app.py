@@ -11,10 +11,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from appliance.adapters.simgpu import SimGpu
 from appliance.api import admin, health, openai
 from appliance.api.errors import Handler, error_middleware
 from appliance.api.keys import SERVICES, Services
 from appliance.config import Config, served_model_name
+from appliance.domain.gpu_sample import Telemetry
+from appliance.domain.thermal import ThermalDecision, ThermalLevel
 from appliance.errors import EngineStartError
 from appliance.logs import request_id_var
 from appliance.ports import EngineFactory, Tokenizer
@@ -23,6 +26,8 @@ from appliance.services.admission import LANE_NAMES, AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.metrics import Metrics
 from appliance.services.supervisor import EngineState, EngineSupervisor
+from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry
+from appliance.services.telemetry_metrics import TelemetryCollector
 
 log = logging.getLogger("appliance.app")
 
@@ -44,12 +49,38 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
         request_id_var.reset(token)
 
 
-def build_services(cfg: Config, engine_factory: EngineFactory, tokenizer: Tokenizer) -> Services:
+def build_services(
+    cfg: Config,
+    engine_factory: EngineFactory,
+    tokenizer: Tokenizer,
+    telemetry: Telemetry | None = None,
+) -> Services:
     """Construct the daemon's services (nothing started yet)."""
     events = EventBus()
     admission = AdmissionQueue(cfg.admission)
     supervisor = EngineSupervisor(
         engine_factory, admission, events, cfg.engine, retry_after_s=cfg.admission.retry_after_s
+    )
+    if telemetry is None:
+        telemetry = build_telemetry(cfg.telemetry)
+    if isinstance(telemetry, SimGpu):
+        telemetry.set_load_fn(lambda: _engine_load(supervisor, admission))
+
+    def on_decision(d: ThermalDecision) -> None:
+        admission.set_derate(d.factor, protect=d.level is ThermalLevel.PROTECT)
+        if d.changed:
+            events.emit(
+                "thermal",
+                d.reason,
+                level=d.level.value,
+                factor=round(d.factor, 3),
+                gpu=d.gpu_index,
+                temp_c=d.temp_c,
+                limit=admission.limit,
+            )
+
+    telemetry_loop = TelemetryLoop(
+        telemetry, cfg.thermal.to_policy(), cfg.telemetry.interval_s, on_decision=on_decision
     )
     svc = Services(
         config=cfg,
@@ -59,11 +90,23 @@ def build_services(cfg: Config, engine_factory: EngineFactory, tokenizer: Tokeni
         metrics=Metrics(),
         admission=admission,
         supervisor=supervisor,
+        telemetry=telemetry,
+        telemetry_loop=telemetry_loop,
         admin_token=load_or_create_admin_token(cfg.state_dir / cfg.server.admin_token_file),
         started_at_s=time.time(),
     )
     _wire_metrics(svc)
+    svc.metrics.add_collector(TelemetryCollector(telemetry_loop))
     return svc
+
+
+def _engine_load(supervisor: EngineSupervisor, admission: AdmissionQueue) -> float:
+    """0..1: sequences running now over the most allowed; drives the simulated GPU's power."""
+    try:
+        running = supervisor.engine.stats().running
+    except Exception:
+        return 0.0
+    return min(1.0, max(running, admission.in_flight) / max(1, admission.base_limit))
 
 
 def _wire_metrics(svc: Services) -> None:
@@ -93,21 +136,42 @@ def _wire_metrics(svc: Services) -> None:
     m.add_refresher(refresh)
 
 
-def build_app(cfg: Config, engine_factory: EngineFactory, tokenizer: Tokenizer) -> web.Application:
+def build_app(
+    cfg: Config,
+    engine_factory: EngineFactory,
+    tokenizer: Tokenizer,
+    telemetry: Telemetry | None = None,
+) -> web.Application:
     """The app with every route; the engine starts in the background once it listens."""
     app = web.Application(
         middlewares=[request_id_middleware, error_middleware, admin.admin_auth_middleware],
         # Our own check names the limit; aiohttp's is a backstop one byte above it.
         client_max_size=cfg.server.max_body_bytes + 1,
     )
-    svc = build_services(cfg, engine_factory, tokenizer)
+    svc = build_services(cfg, engine_factory, tokenizer, telemetry)
     app[SERVICES] = svc
     app[FATAL] = asyncio.get_event_loop().create_future()
     app.add_routes(health.routes)
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
+    # Start order: telemetry first (derating applies from the first request), then the engine.
+    app.cleanup_ctx.append(_telemetry_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     return app
+
+
+async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
+    svc = app[SERVICES]
+    await svc.telemetry_loop.start()
+    svc.events.emit(
+        "telemetry_started",
+        f"telemetry from {svc.telemetry.name}",
+        source=svc.telemetry.name,
+        simulated=svc.telemetry.simulated,
+    )
+    yield
+    await svc.telemetry_loop.stop()
+    svc.telemetry.close()
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:

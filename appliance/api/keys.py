@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from appliance.config import Config
+from appliance.domain.gpu_sample import Telemetry
 from appliance.ports import Tokenizer
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.metrics import Metrics
 from appliance.services.supervisor import EngineSupervisor
+from appliance.services.telemetry_loop import TelemetryLoop
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Services:
     metrics: Metrics
     admission: AdmissionQueue
     supervisor: EngineSupervisor
+    telemetry: Telemetry
+    telemetry_loop: TelemetryLoop
     admin_token: str
     started_at_s: float
     restart_task: asyncio.Task[float] | None = None

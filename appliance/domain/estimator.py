@@ -255,10 +255,8 @@ def kv_bytes_per_token(
     *,
     tensor_parallel_size: int = 1,
 ) -> int:
-    """KV bytes per token across every layer on one GPU (2 x layers x KV heads x head dim x dtype).
-
-    Sliding-window layers count here like full ones; kv_bytes_for_tokens caps them at the window.
-    """
+    """KV bytes per token, every layer, one GPU: 2 x layers x KV heads x head dim x dtype."""
+    # Sliding-window layers count like full ones here; kv_bytes_for_tokens caps them.
     return spec.num_layers * kv_layer_token_bytes(spec, k_dtype, v_dtype, tensor_parallel_size)
 
 
@@ -726,11 +724,9 @@ def estimate(
     max_num_seqs: int | None = None,
     kv_cache_bytes_budget: int | None = None,
 ) -> MemoryPlan:
-    """Plan memory for batch_size sequences of seq_len tokens on one device (one TP rank).
-
-    On a GPU the KV budget is what the usable share leaves after weights, runtime buffers and
-    the safety margin; with kv_cache_bytes_budget (the CPU engine's fixed KV space) it is that.
-    """
+    """Plan memory for batch_size sequences of seq_len tokens on one device (one TP rank)."""
+    # On a GPU the KV budget is what the usable share leaves after weights, runtime buffers and
+    # the safety margin; kv_cache_bytes_budget (the CPU engine's fixed KV space) replaces it.
     seq = min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if seq_len is None else seq_len
     _check_estimate_inputs(
         device_memory_bytes,

@@ -130,6 +130,7 @@ class _Assessment:
     hot: bool  # some GPU is at or past the derate threshold (or protect)
     cool: bool  # every GPU is below every threshold minus hysteresis
     worst: _Worst | None
+    worst_protect: _Worst | None  # the governing PROTECT cause alone, for leaving PROTECT
 
 
 def _known(sample: GpuSample, field: str, value: float | None) -> bool:
@@ -144,14 +145,17 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
     hot = False
     cool = True
     worst: _Worst | None = None
+    worst_protect: _Worst | None = None
 
     def consider(
         excess: float, index: int, temp: float | None, text: str, *, protects: bool = False
     ) -> None:
-        nonlocal worst
+        nonlocal worst, worst_protect
         tier = (2 if protects else 1) if excess >= 0 else 0
         if worst is None or (tier, excess) > worst.rank:
             worst = _Worst((tier, excess), index, temp, text)
+        if protects and (worst_protect is None or (tier, excess) > worst_protect.rank):
+            worst_protect = _Worst((tier, excess), index, temp, text)
 
     for s in samples:
         if s.lost:
@@ -183,15 +187,15 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
                 at_slow = core >= near
                 protect = protect or at_slow
                 protect_clear = protect_clear and core < near - hyst
-                if at_slow:
-                    consider(
-                        core - near,
-                        s.index,
-                        core,
-                        f"{s.label} core {core:.1f} °C within {cfg.protect_slowdown_margin_c:.1f}"
-                        f" °C of its slowdown threshold {slow:.1f} °C",
-                        protects=True,
-                    )
+                consider(
+                    core - near,
+                    s.index,
+                    core,
+                    f"{s.label} core {core:.1f} °C "
+                    + (f"within {cfg.protect_slowdown_margin_c:.1f} °C of" if at_slow else "vs")
+                    + f" its slowdown threshold {slow:.1f} °C",
+                    protects=True,
+                )
         if mem is not None:
             hot_mem = mem >= cfg.protect_mem_c
             protect = protect or hot_mem
@@ -207,7 +211,7 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
             )
     hot = hot or protect
     cool = cool and protect_clear
-    return _Assessment(protect, protect_clear, hot, cool, worst)
+    return _Assessment(protect, protect_clear, hot, cool, worst, worst_protect)
 
 
 def _settled_level(factor: float) -> ThermalLevel:
@@ -304,7 +308,10 @@ def step(
         protect_clear_since_s=protect_clear_since,
     )
     changed = new_level is not level or factor != state.factor
+    # While PROTECT holds without a trigger, the story is about its own causes cooling.
     w = a.worst
+    if level is ThermalLevel.PROTECT and not a.protect and a.worst_protect is not None:
+        w = a.worst_protect
     head = w.text if w is not None else "no GPU temperature reported"
     reason = f"{head}: {'; '.join(actions)}" if actions else f"{head}: {new_level.value}"
     return ThermalDecision(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from appliance.config import AdmissionConfig
-from appliance.errors import ApplianceError, Overloaded
+from appliance.errors import ApplianceError, NotReady, Overloaded
 
 
 class Lane(IntEnum):
@@ -54,20 +55,32 @@ class AdmissionSnapshot:
     """What the queue looks like right now."""
 
     limit: int
+    base_limit: int
+    derate_factor: float
+    reserved_realtime: int
+    protect: bool
     in_flight: int
+    running: dict[str, int]
     queued: dict[str, int]
     dispatching: bool
     admitted_total: int
 
 
 class AdmissionQueue:
-    """Grants engine slots: realtime before interactive before batch, FIFO within a lane."""
+    """Grants engine slots: realtime before interactive before batch, FIFO within a lane.
+
+    The effective limit is the base limit (config, later the controller) times the thermal
+    derate factor. A share of it is reserved for realtime so a batch flood cannot take every
+    slot; in PROTECT only realtime is dispatched.
+    """
 
     def __init__(self, cfg: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = cfg
         self._clock = clock
-        self._limit = cfg.concurrency_limit
-        self._in_flight = 0
+        self._base_limit = cfg.concurrency_limit
+        self._derate = 1.0
+        self._protect = False
+        self._running = dict.fromkeys(Lane, 0)
         self._admitted_total = 0
         self._lanes: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in Lane}
         self._capacity = {
@@ -81,11 +94,28 @@ class AdmissionQueue:
 
     @property
     def limit(self) -> int:
-        return self._limit
+        """The effective limit: base x derate factor, at least 1."""
+        return max(1, math.floor(self._base_limit * self._derate + 1e-9))
+
+    @property
+    def base_limit(self) -> int:
+        return self._base_limit
+
+    @property
+    def reserved_realtime(self) -> int:
+        """Slots only realtime may use (none when the limit is 1: someone must run)."""
+        limit = self.limit
+        if limit <= 1 or self._cfg.realtime_reserved_share <= 0:
+            return 0
+        return min(limit - 1, max(1, math.floor(limit * self._cfg.realtime_reserved_share)))
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return sum(self._running.values())
+
+    @property
+    def protect(self) -> bool:
+        return self._protect
 
     def queued(self, lane: Lane | None = None) -> int:
         """Waiting requests in one lane, or in all."""
@@ -95,19 +125,41 @@ class AdmissionQueue:
 
     def snapshot(self) -> AdmissionSnapshot:
         return AdmissionSnapshot(
-            limit=self._limit,
-            in_flight=self._in_flight,
+            limit=self.limit,
+            base_limit=self._base_limit,
+            derate_factor=self._derate,
+            reserved_realtime=self.reserved_realtime,
+            protect=self._protect,
+            in_flight=self.in_flight,
+            running={lane.label: n for lane, n in self._running.items()},
             queued={lane.label: len(q) for lane, q in self._lanes.items()},
             dispatching=self._dispatching,
             admitted_total=self._admitted_total,
         )
 
     def set_limit(self, limit: int) -> None:
-        """Change how many requests may run in the engine at once (>= 1)."""
+        """Change the base limit: how many requests may run at once before derating (>= 1)."""
         if limit < 1:
             raise ValueError(f"concurrency limit must be >= 1, got {limit}")
-        self._limit = limit
+        self._base_limit = limit
         self._dispatch()
+
+    def set_derate(self, factor: float, protect: bool = False) -> None:
+        """Apply the thermal policy: scale the limit by factor; protect admits realtime only."""
+        if not 0 < factor <= 1:
+            raise ValueError(f"derate factor must be in (0, 1], got {factor}")
+        self._derate = factor
+        self._protect = protect
+        self._dispatch()
+
+    def check_lane(self, lane: Lane) -> None:
+        """Raise NotReady for lanes that may not be admitted now (PROTECT)."""
+        if self._protect and lane is not Lane.REALTIME:
+            raise NotReady(
+                "GPU thermal protection: only realtime requests are admitted",
+                reason="protect",
+                retry_after_s=self._cfg.retry_after_s,
+            )
 
     def open(self) -> None:
         """Start handing slots to waiting requests."""
@@ -125,11 +177,12 @@ class AdmissionQueue:
         try:
             yield
         finally:
-            self._release()
+            self._release(lane)
 
     async def _acquire(self, lane: Lane, deadline_s: float | None) -> None:
+        self.check_lane(lane)
         if self._can_run_now(lane):
-            self._grant()
+            self._grant(lane)
             return
         if len(self._lanes[lane]) >= self._capacity[lane]:
             raise Overloaded(
@@ -165,45 +218,51 @@ class AdmissionQueue:
 
     def _abandon(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
-            self._release()  # granted in the same tick it gave up: hand the slot on
+            self._release(waiter.lane)  # granted in the same tick it gave up: hand it on
             return
         waiter.future.cancel()
         with contextlib.suppress(ValueError):  # already popped by _next_waiter
             self._lanes[waiter.lane].remove(waiter)
         self._changed.set()
 
+    def _has_room(self, lane: Lane) -> bool:
+        limit = self.limit
+        if self.in_flight >= limit:
+            return False
+        if lane is Lane.REALTIME:
+            return True
+        if self._protect:
+            return False
+        non_realtime = self.in_flight - self._running[Lane.REALTIME]
+        return non_realtime < limit - self.reserved_realtime
+
     def _can_run_now(self, lane: Lane) -> bool:
-        if not self._dispatching or self._in_flight >= self._limit:
+        if not self._dispatching or not self._has_room(lane):
             return False
         # Nobody of the same or a higher lane may be overtaken.
         return all(not self._lanes[other] for other in Lane if other <= lane)
 
-    def _grant(self) -> None:
-        self._in_flight += 1
+    def _grant(self, lane: Lane) -> None:
+        self._running[lane] += 1
         self._admitted_total += 1
         self._changed.set()
 
-    def _release(self) -> None:
-        self._in_flight -= 1
+    def _release(self, lane: Lane) -> None:
+        self._running[lane] -= 1
         self._changed.set()
         self._dispatch()
 
     def _dispatch(self) -> None:
-        while self._dispatching and self._in_flight < self._limit:
-            waiter = self._next_waiter()
-            if waiter is None:
-                return
-            waiter.future.set_result(None)
-            self._grant()
-
-    def _next_waiter(self) -> _Waiter | None:
+        if not self._dispatching:
+            return
         for lane in Lane:
             queue = self._lanes[lane]
-            while queue:
+            while queue and self._has_room(lane):
                 waiter = queue.popleft()
-                if not waiter.future.done():
-                    return waiter
-        return None
+                if waiter.future.done():
+                    continue
+                waiter.future.set_result(None)
+                self._grant(lane)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until predicate() holds (re-checked on every change); False on timeout."""

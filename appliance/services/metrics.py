@@ -12,6 +12,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.registry import Collector
 
 from appliance.services.admission import LANE_NAMES
 
@@ -86,6 +87,10 @@ class Metrics:
         for lane in LANE_NAMES:
             self.queue_depth.labels(lane)
         self._refreshers: list[Callable[[], None]] = []
+
+    def add_collector(self, collector: Collector) -> None:
+        """Register a scrape-time collector (e.g. GPU telemetry) in our registry."""
+        self.registry.register(collector)
 
     def add_refresher(self, fn: Callable[[], None]) -> None:
         """Call fn before each scrape to copy live state into gauges."""

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ def test_smollm2_kv_capacity_matches_the_running_engine(daemon: Any) -> None:
     block = int(engine["block_size"])
     predicted = kv_capacity_tokens(spec, budget, block)
     measured = int(engine["kv_cache_tokens"])
+    print(f"SmolLM2: predicted {predicted} tokens, vLLM {measured} (block {block})")
     assert block == vllm_block_size(spec, "cpu")
     assert _within(predicted, measured), (predicted, measured)
 
@@ -110,14 +112,27 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     script = model_dir.parent / "tiny_llama_probe.py"
     script.write_text(_SCRIPT, encoding="utf-8")
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(TINY_KV_SPACE_GIB))
+    started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(script), str(model_dir), str(smol.resolve()),
-         str(TINY_MAX_MODEL_LEN), ",".join(TOKENIZER_FILES)],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
+        [
+            sys.executable,
+            str(script),
+            str(model_dir),
+            str(smol.resolve()),
+            str(TINY_MAX_MODEL_LEN),
+            ",".join(TOKENIZER_FILES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return model_dir, json.loads(lines[-1].removeprefix("RESULT "))
+    measured = json.loads(lines[-1].removeprefix("RESULT "))
+    measured["subprocess_s"] = round(time.monotonic() - started, 1)
+    return model_dir, measured
 
 
 def test_tiny_llama_blocks_and_tokens_match_vllm(tiny_llama: tuple[Path, dict[str, Any]]) -> None:
@@ -133,6 +148,7 @@ def test_tiny_llama_blocks_and_tokens_match_vllm(tiny_llama: tuple[Path, dict[st
     predicted = vllm_kv_cache_size_tokens(
         spec, budget, block, TINY_MAX_MODEL_LEN, in_flight_tokens=2048
     )
+    print(f"tiny Llama: predicted {predicted} tokens, vLLM {measured}")
     assert _within(predicted, measured["kv_cache_size_tokens"]), (predicted, measured)
     assert _within(kv_capacity_tokens(spec, budget, block), measured["num_gpu_blocks"] * block)
 

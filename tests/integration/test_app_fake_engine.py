@@ -336,12 +336,15 @@ async def test_pause_resume_and_events_stream(h: Harness):
     await h.client.post("/admin/engine/pause", headers=h.admin())
     assert (await h.client.get("/health/ready")).status == 503
     await h.client.post("/admin/engine/resume", headers=h.admin())
-    seen: list[str] = []
-    while len([s for s in seen if s.startswith("data:")]) < 5:
-        seen.append((await r.content.readline()).decode().strip())
+    states: list[str] = []
+    while states[-2:] != ["paused", "ready"] and len(states) < 10:
+        line = (await asyncio.wait_for(r.content.readline(), 5)).decode().strip()
+        if line.startswith("data:"):
+            event = json.loads(line[5:])
+            if event["kind"] == "engine_state":
+                states.append(event["data"]["state"])
     r.close()
-    states = [json.loads(s[5:])["data"].get("state") for s in seen if s.startswith("data:")]
-    assert states[-2:] == ["paused", "ready"]
+    assert states == ["starting", "ready", "paused", "ready"]
 
 
 async def test_metrics_exposition(h: Harness):

@@ -12,11 +12,14 @@ from appliance.errors import Overloaded
 from appliance.services.admission import AdmissionQueue, DeadlineExceeded, Lane
 
 
-def _queue(limit: int = 1, cap: int = 4, wait_s: float = 5.0) -> AdmissionQueue:
+def _queue(
+    limit: int = 1, cap: int = 4, wait_s: float = 5.0, reserved: float = 0.0
+) -> AdmissionQueue:
     q = AdmissionQueue(
         AdmissionConfig(
             concurrency_limit=limit,
             max_queue_wait_s=wait_s,
+            realtime_reserved_share=reserved,
             queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap),
             retry_after_s=3,
         )
@@ -164,3 +167,37 @@ async def test_never_more_in_flight_than_the_limit():
 
     await asyncio.gather(*(one() for _ in range(50)))
     assert peak == 3 and q.in_flight == 0
+
+
+async def test_realtime_share_is_kept_free_of_batch():
+    q = _queue(limit=4, cap=100, reserved=0.25)
+    assert q.reserved_realtime == 1
+    gate = asyncio.Event()
+    order: list[str] = []
+    batch = [asyncio.create_task(_hold(q, Lane.BATCH, order, f"b{i}", gate)) for i in range(10)]
+    await asyncio.sleep(0.01)
+    assert q.in_flight == 3 and q.queued(Lane.BATCH) == 7  # one slot stays free
+    rt = asyncio.create_task(_hold(q, Lane.REALTIME, order, "rt", gate))
+    await asyncio.sleep(0.01)
+    assert "rt" in order and q.in_flight == 4
+    gate.set()
+    await asyncio.gather(*batch, rt)
+
+
+async def test_derate_scales_the_limit_and_protect_admits_realtime_only():
+    from appliance.errors import NotReady
+
+    q = _queue(limit=8, cap=100)
+    q.set_derate(0.5)
+    assert q.limit == 4 and q.base_limit == 8
+    q.set_derate(0.01)
+    assert q.limit == 1  # never below one running request
+    q.set_derate(1.0, protect=True)
+    with pytest.raises(NotReady) as err:
+        async with q.slot(Lane.BATCH):
+            pass
+    assert err.value.reason == "protect"
+    async with q.slot(Lane.REALTIME):
+        assert q.in_flight == 1
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        q.set_derate(0)

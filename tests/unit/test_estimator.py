@@ -185,8 +185,12 @@ def test_block_size_vllm_would_pick() -> None:
     assert vllm_block_size(spec("deepseek_v2_lite"), "cpu") == 16
     plan = estimate(spec("llama3_8b"), device_memory_bytes=80 * GIB, seq_len=4096)
     assert (plan.block_size, plan.vllm_block_size, plan.block_size_rule_of_thumb) == (16, 16, 32)
-    assert estimate(spec("llama3_8b"), device_memory_bytes=80 * GIB, seq_len=512)\
-        .block_size_rule_of_thumb == 64
+    assert (
+        estimate(
+            spec("llama3_8b"), device_memory_bytes=80 * GIB, seq_len=512
+        ).block_size_rule_of_thumb
+        == 64
+    )
 
 
 def test_safety_margin_is_max_of_2_gib_and_5_percent() -> None:
@@ -253,18 +257,29 @@ def test_too_long_a_sequence_does_not_fit() -> None:
 
 def test_cpu_engine_fixed_kv_space() -> None:
     smol = spec("smollm2_135m_instruct")
-    plan = estimate(smol, device_memory_bytes=24 * GIB, device="cpu",
-                    kv_cache_bytes_budget=2 * GIB, seq_len=2048, batch_size=8)
+    plan = estimate(
+        smol,
+        device_memory_bytes=24 * GIB,
+        device="cpu",
+        kv_cache_bytes_budget=2 * GIB,
+        seq_len=2048,
+        batch_size=8,
+    )
     assert plan.kv_budget_bytes == 2 * GIB and plan.kv_budget_source == "fixed KV space"
     assert plan.block_size == 128
     assert plan.kv_capacity_tokens == 93184 == plan.vllm_kv_cache_size_tokens
     assert plan.max_concurrent_seqs == 45  # 728 blocks // 16 per sequence
     assert plan.fits
-    over = estimate(smol, device_memory_bytes=4 * GIB, device="cpu",
-                    kv_cache_bytes_budget=3 * GIB)
+    over = estimate(smol, device_memory_bytes=4 * GIB, device="cpu", kv_cache_bytes_budget=3 * GIB)
     assert not over.fits and "KV space 3.00 GiB" in over.reason
-    short = estimate(smol, device_memory_bytes=24 * GIB, device="cpu",
-                     kv_cache_bytes_budget=GIB // 8, seq_len=8192, batch_size=1)
+    short = estimate(
+        smol,
+        device_memory_bytes=24 * GIB,
+        device="cpu",
+        kv_cache_bytes_budget=GIB // 8,
+        seq_len=8192,
+        batch_size=1,
+    )
     assert not short.fits and "need" in short.reason
 
 
@@ -274,8 +289,9 @@ def test_recommended_max_model_len_is_the_longest_that_fits() -> None:
     n = plan.recommended_max_model_len
     assert 0 < n < 32768 and n % plan.block_size == 0
     assert estimate(qwen, device_memory_bytes=24 * GIB, seq_len=n, batch_size=4).fits
-    assert not estimate(qwen, device_memory_bytes=24 * GIB, seq_len=n + plan.block_size,
-                        batch_size=4).fits
+    assert not estimate(
+        qwen, device_memory_bytes=24 * GIB, seq_len=n + plan.block_size, batch_size=4
+    ).fits
 
 
 def test_weights_exact_when_headers_are_known() -> None:
@@ -294,7 +310,7 @@ def test_plan_to_dict_is_json() -> None:
     assert doc["fits"] is plan.fits
     assert len(doc["batch_table"]) == 6 and doc["batch_table"][0]["batch_size"] == 1
     assert doc["kv_bytes_per_token"] == 344064
-    assert doc["kv_bytes_per_token_at_seq_len"] == (21 * 8192 + 21 * 4096) * 8192 // 8192
+    assert doc["kv_bytes_per_token_at_seq_len"] == 258048  # 8192 B x (21 + 21 x 4096 / 8192)
     assert any("window" in n for n in doc["notes"])
 
 
@@ -351,10 +367,16 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     window = draw(st.none() | st.integers(16, 8192))
     sliding = tuple(sorted(draw(st.sets(st.integers(0, layers - 1))))) if window else ()
     return ModelSpec(
-        name="random", num_layers=layers, hidden_size=heads * 64, num_attention_heads=heads,
-        num_kv_heads=kv, head_dim=draw(st.sampled_from([32, 64, 128, 256])),
-        vocab_size=draw(st.integers(1000, 200_000)), intermediate_size=draw(st.integers(64, 30000)),
-        max_position_embeddings=32768, sliding_window=window if sliding else None,
+        name="random",
+        num_layers=layers,
+        hidden_size=heads * 64,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=draw(st.sampled_from([32, 64, 128, 256])),
+        vocab_size=draw(st.integers(1000, 200_000)),
+        intermediate_size=draw(st.integers(64, 30000)),
+        max_position_embeddings=32768,
+        sliding_window=window if sliding else None,
         sliding_layers=sliding,
     )
 
@@ -408,7 +430,9 @@ def test_capacity_is_whole_blocks(s: ModelSpec, budget: int, block: int) -> None
 
 @settings(max_examples=60, deadline=None)
 @given(specs(), st.integers(GIB // 4, 32 * GIB), st.integers(1, 64))
-def test_vllm_tokens_equal_blocks_for_full_attention(s: ModelSpec, budget: int, blocks: int) -> None:
+def test_vllm_tokens_equal_blocks_for_full_attention(
+    s: ModelSpec, budget: int, blocks: int
+) -> None:
     full = replace(s, sliding_window=None, sliding_layers=())
     length = blocks * 128
     reported = vllm_kv_cache_size_tokens(full, budget, 128, length, in_flight_tokens=2048)
@@ -439,8 +463,21 @@ def test_estimate_command_table_and_exit_codes(capsys: pytest.CaptureFixture[str
 
 def test_estimate_command_json(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(CONFIGS / "deepseek_v2_lite.json")
-    code = _run_estimate(["--model", path, "--gpu-memory-gib", "80", "--seq-len", "4096",
-                          "--batch-size", "8", "--kv-dtype", "fp8", "--json"])
+    code = _run_estimate(
+        [
+            "--model",
+            path,
+            "--gpu-memory-gib",
+            "80",
+            "--seq-len",
+            "4096",
+            "--batch-size",
+            "8",
+            "--kv-dtype",
+            "fp8",
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["plan"]["fits"]
     assert doc["plan"]["kv_bytes_per_token"] == 27 * 576
@@ -450,8 +487,19 @@ def test_estimate_command_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_estimate_command_cpu_engine(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(CONFIGS / "smollm2_135m_instruct.json")
-    code = _run_estimate(["--model", path, "--gpu-memory-gib", "24", "--device", "cpu",
-                          "--kv-cache-space-gib", "2", "--json"])
+    code = _run_estimate(
+        [
+            "--model",
+            path,
+            "--gpu-memory-gib",
+            "24",
+            "--device",
+            "cpu",
+            "--kv-cache-space-gib",
+            "2",
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["plan"]["kv_capacity_tokens"] == 93184
     assert doc["hardware"] is None

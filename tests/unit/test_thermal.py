@@ -151,7 +151,7 @@ def test_protect_on_hbm_holds_in_band_and_leaves_after_dwell() -> None:
     assert all(at[float(t)].level is ThermalLevel.PROTECT for t in range(10, 200, 10))
     assert at[250.0].level is ThermalLevel.PROTECT  # below the band for 50 s
     assert at[260.0].level is ThermalLevel.DERATE and at[260.0].changed
-    assert "leave PROTECT" in at[260.0].reason
+    assert "leave PROTECT" in at[260.0].reason and "HBM 85.0" in at[260.0].reason
     # The factor is not restored on the tick that leaves PROTECT, only on the next one (its
     # own dwell ran while HBM cooled).
     assert at[260.0].factor == 0.75
@@ -445,3 +445,18 @@ def test_no_oscillation_on_a_noisy_plateau(
         state = d.state
     assert _direction_changes(factors) == 0
     assert _direction_changes([float(s) for s in severities]) == 0
+
+
+def test_thermal_config_mirrors_the_policy() -> None:
+    from pydantic import ValidationError
+
+    from appliance.telemetry_config import ThermalConfig
+
+    assert ThermalConfig().to_policy() == ThermalPolicyConfig()
+    custom = ThermalConfig(derate_core_c=80, hysteresis_c=3, recover_step=0.2).to_policy()
+    assert (custom.derate_core_c, custom.hysteresis_c, custom.recover_step) == (80, 3, 0.2)
+    assert set(ThermalConfig.model_fields) == set(ThermalPolicyConfig.__dataclass_fields__)
+    with pytest.raises(ValidationError, match="step_factor"):
+        ThermalConfig(step_factor=1.0)
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        ThermalConfig.model_validate({"derate_c": 80})

@@ -1,0 +1,530 @@
+"""Batch controller policy: tables for each rule, hypothesis properties for the invariants."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from appliance.domain.controller import (
+    Action,
+    ControlDecision,
+    ControlInputs,
+    ControllerConfig,
+    ControllerState,
+    ControlMode,
+    base_for,
+    decide,
+    derated,
+    initial_state,
+)
+
+CFG = ControllerConfig(slo_ttft_p99_s=1.5, slo_tpot_p99_s=0.2, min_limit=1, max_limit=64)
+
+
+def inputs(
+    limit: int = 16,
+    ttft: float | None = 0.5,
+    tpot: float | None = 0.05,
+    n: int = 50,
+    kv: float = 0.3,
+    queued: int = 4,
+    in_flight: int | None = None,
+    **kw: object,
+) -> ControlInputs:
+    derate = float(kw.get("derate_factor", 1.0))  # type: ignore[arg-type]
+    return ControlInputs(
+        now_s=float(kw.pop("now_s", 0.0)),  # type: ignore[arg-type]
+        current_limit=limit,
+        ttft_p99_s=ttft,
+        tpot_p99_s=tpot,
+        requests_in_window=n,
+        kv_cache_usage_ratio=kv,
+        queue_depth={"realtime": 0, "interactive": queued, "batch": 0},
+        in_flight=derated(limit, derate) if in_flight is None else in_flight,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def step(
+    inp: ControlInputs, state: ControllerState | None = None, cfg: ControllerConfig = CFG
+) -> ControlDecision:
+    return decide(cfg, inp, state if state is not None else initial_state())
+
+
+def settled(**kw: object) -> ControllerState:
+    """A state well past every hold period (the last change long ago)."""
+    base = ControllerState(tick=100, last_limit=None, last_change_tick=1, last_change_s=0.0)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+# -- tables: one rule each --------------------------------------------------------------
+
+
+def test_slo_breach_backs_off_multiplicatively_with_reason():
+    d = step(inputs(limit=16, ttft=2.3), settled())
+    assert (d.limit, d.base_limit, d.changed, d.action) == (12, 12, True, Action.DOWN)
+    assert d.reason == "p99 TTFT 2.3 s > SLO 1.5 s: 16 -> 12"
+    assert d.state.breach_base == 16 and d.state.last_decrease_tick == d.state.tick
+
+
+def test_tpot_breach_and_kv_high_back_off_too():
+    d = step(inputs(limit=16, tpot=0.31), settled())
+    assert d.limit == 12 and d.reason == "p99 TPOT 310 ms > SLO 200 ms: 16 -> 12"
+    d = step(inputs(limit=16, kv=0.95, ttft=None, n=0), settled())
+    assert d.limit == 12 and d.reason.startswith("KV cache 95% > 90%")
+
+
+def test_kv_exactly_at_threshold_does_not_back_off():
+    d = step(inputs(limit=16, kv=0.9, queued=0), settled())
+    assert d.action is Action.HOLD and d.limit == 16
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [(16, 12), (4, 3), (3, 2), (2, 1), (1, 1)],  # at least one step, never below 1
+)
+def test_cut_size(limit: int, expected: int):
+    d = step(inputs(limit=limit, ttft=5.0), settled())
+    assert d.limit == expected
+    assert d.changed is (expected != limit)
+
+
+def test_probe_up_when_under_slo_with_a_queue():
+    d = step(inputs(limit=8, ttft=0.5, queued=3), settled())
+    assert (d.limit, d.action, d.changed) == (9, Action.UP, True)
+    assert d.reason == "p99 TTFT 500 ms < 1.2 s (80% of SLO 1.5 s), 3 queued: 8 -> 9"
+    assert d.state.last_change_tick == d.state.tick and d.state.last_direction is Action.UP
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"ttft": 1.3}, "within SLO 1.5 s"),  # the dead band between 80 % and 100 % of SLO
+        ({"tpot": 0.17}, "p99 TPOT 170 ms within SLO 200 ms"),
+        ({"queued": 0}, "no queue"),
+        ({"in_flight": 0}, "no queue (4 waiting, 0 running)"),
+        ({"kv": 0.85}, "KV cache 85%, probing needs < 80%"),
+        ({"n": 3}, "3 request(s) in the window, 8 needed"),
+        ({"ttft": None, "tpot": None}, "needed to judge the SLO"),
+        ({"protect": True}, "thermal PROTECT"),
+    ],
+)
+def test_holds_when_a_probe_condition_fails(kw: dict, words: str):
+    d = step(inputs(limit=8, **kw), settled())
+    assert (d.action, d.limit, d.changed) == (Action.HOLD, 8, False)
+    assert words in d.reason and d.reason.startswith("holding 8: ")
+
+
+def test_tpot_ignored_when_its_slo_is_off():
+    cfg = replace(CFG, slo_tpot_p99_s=None)
+    d = step(inputs(limit=8, tpot=9.0), settled(), cfg)
+    assert d.action is Action.UP
+
+
+def test_probes_are_paced_by_hold_ticks():
+    cfg = replace(CFG, hold_ticks_after_increase=3)
+    state = initial_state()
+    limits = []
+    base = 4
+    for t in range(12):
+        d = decide(cfg, inputs(limit=base, now_s=float(t)), state)
+        state, base = d.state, d.base_limit
+        limits.append(d.limit)
+    assert limits == [5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7]
+    assert state.last_change_s == 8.0  # the loop reads latency only after this
+
+
+def test_cuts_are_paced_by_hold_ticks():
+    cfg = replace(CFG, hold_ticks_after_decrease=2)
+    state, base, limits, reasons = settled(), 32, [], []
+    for _ in range(7):
+        d = decide(cfg, inputs(limit=base, ttft=4.0), state)
+        state, base = d.state, d.base_limit
+        limits.append(d.limit)
+        reasons.append(d.reason)
+    assert limits == [24, 24, 24, 18, 18, 18, 13]
+    assert "2 more tick(s) for the last cut to show" in reasons[1]
+
+
+def test_mild_breach_steps_back_one_severe_breach_cuts():
+    d = step(inputs(limit=11, ttft=1.6), settled())
+    assert (d.limit, d.action) == (10, Action.DOWN)
+    assert d.reason == "p99 TTFT 1.6 s > SLO 1.5 s (mild, within 1.25x: one step): 11 -> 10"
+    d = step(inputs(limit=11, tpot=0.24), settled())
+    assert d.limit == 10
+    # Past 1.25 x SLO, or with KV high, the full multiplicative cut.
+    assert step(inputs(limit=11, ttft=1.9), settled()).limit == 8
+    assert step(inputs(limit=11, ttft=1.6, kv=0.95), settled()).limit == 8
+
+
+def test_breach_memory_keeps_probes_below_the_breaking_point_then_retries():
+    cfg = replace(CFG, retry_ticks=20, hold_ticks_after_increase=1, hold_ticks_after_decrease=1)
+    state = decide(cfg, inputs(limit=16, ttft=2.5), settled()).state  # broke at 16 -> 12
+    base, limits, reasons = 12, [], []
+    for _ in range(30):
+        d = decide(cfg, inputs(limit=base, ttft=0.5), state)
+        state, base = d.state, d.base_limit
+        limits.append(d.limit)
+        reasons.append(d.reason)
+    assert max(limits[:15]) == 15  # climbs back, stops one below the breaking point
+    assert "staying below 16 where the SLO broke" in reasons[14]
+    assert 16 in limits[15:]  # after retry_ticks it tries 16 again
+    assert max(limits) == 16  # and no higher while the retry is being confirmed
+
+
+def test_failed_retry_doubles_the_wait():
+    cfg = replace(CFG, retry_ticks=10, retry_ticks_max=40)
+    state = settled(breach_base=16, breach_tick=50, retry_ticks=10)
+    d = decide(cfg, inputs(limit=15), state)
+    assert d.limit == 16 and d.state.retrying_since_tick == d.state.tick
+    d = decide(cfg, inputs(limit=16, ttft=3.0), d.state)
+    assert d.action is Action.DOWN and d.state.retry_ticks == 20
+
+
+def test_successful_retry_clears_the_memory():
+    cfg = replace(CFG, retry_ticks=10)
+    state = settled(breach_base=16, breach_tick=50, retry_ticks=10, retrying_since_tick=100)
+    state = replace(state, tick=111)
+    d = decide(cfg, inputs(limit=16), state)
+    assert d.state.breach_base is None and d.limit == 17
+
+
+def test_knee_is_a_ceiling_and_clamps_at_once():
+    d = step(inputs(limit=16, knee_limit=16), settled())
+    assert (d.action, d.limit) == (Action.HOLD, 16) and "at the ceiling (the knee 16)" in d.reason
+    d = step(inputs(limit=20, knee_limit=16), settled())
+    assert (d.action, d.limit, d.changed) == (Action.CLAMP, 16, True)
+    assert d.reason == "limit 20 above the knee 16 from the last benchmark: 20 -> 16"
+
+
+def test_max_and_min_clamp():
+    d = step(inputs(limit=100), settled())
+    assert (d.limit, d.reason) == (64, "limit 100 above max_limit 64: 100 -> 64")
+    cfg = replace(CFG, min_limit=4)
+    d = step(inputs(limit=2), settled(), cfg)
+    assert d.limit == 4 and "below min_limit 4" in d.reason
+    d = step(inputs(limit=4, ttft=9.0), settled(), cfg)
+    assert d.action is Action.HOLD and "already at the minimum 4" in d.reason
+
+
+def test_derate_scales_the_limit_and_is_reported():
+    d = step(inputs(limit=16, derate_factor=0.75, queued=0), settled(last_limit=16))
+    assert (d.limit, d.base_limit, d.changed, d.action) == (12, 16, True, Action.DERATE)
+    assert d.reason.startswith("thermal derate x0.75: 16 -> 12 (base 16)")
+    # Steady under the same derate: nothing changes any more.
+    d2 = step(inputs(limit=16, derate_factor=0.75, queued=0), d.state)
+    assert (d2.changed, d2.action) == (False, Action.HOLD)
+
+
+def test_no_probing_under_derate_but_cuts_move_the_effective_limit():
+    d = step(inputs(limit=16, derate_factor=0.5), settled())
+    assert (d.action, d.limit, d.base_limit) == (Action.HOLD, 8, 16)
+    assert "thermal derate x0.50 in force, not probing" in d.reason
+    d = step(inputs(limit=16, derate_factor=0.5, ttft=3.0), settled())
+    assert (d.limit, d.base_limit) == (6, 12)
+    assert d.reason.endswith("8 -> 6 (base 16 -> 12 at derate x0.50)")
+
+
+def test_derate_caps_at_floor_of_max_times_derate():
+    d = step(inputs(limit=64, derate_factor=0.3), settled())
+    assert d.limit == 19 == int(64 * 0.3) and d.action is Action.HOLD
+    d = step(inputs(limit=200, derate_factor=0.3), settled())
+    assert d.limit == 19 and d.action is Action.CLAMP
+
+
+@pytest.mark.parametrize(
+    ("manual", "derate", "limit", "base"),
+    [(12, 1.0, 12, 12), (12, 0.5, 6, 12), (100, 1.0, 64, 64), (1, 0.25, 1, 1), (10, 0.75, 7, 10)],
+)
+def test_manual_mode_is_the_manual_limit_times_derate(
+    manual: int, derate: float, limit: int, base: int
+):
+    d = step(
+        inputs(
+            limit=16, ttft=9.0, kv=0.99, mode="manual", manual_limit=manual, derate_factor=derate
+        ),
+        settled(),
+    )
+    assert (d.limit, d.base_limit, d.action) == (limit, base, Action.MANUAL)
+    assert d.reason.startswith(f"manual limit {manual}")
+
+
+def test_mode_accepts_strings_and_rejects_others():
+    assert inputs(mode="auto").mode is ControlMode.AUTO
+    with pytest.raises(ValueError, match="mode: must be 'auto' or 'manual'"):
+        inputs(mode="turbo")
+    with pytest.raises(ValueError, match="manual_limit: must be >= 1 in manual mode"):
+        inputs(mode="manual")
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"limit": 0}, "current_limit: must be >= 1"),
+        ({"kv": 1.2}, "kv_cache_usage_ratio: must be in [0, 1]"),
+        ({"derate_factor": 0.0}, "derate_factor: must be in (0, 1]"),
+        ({"ttft": -1.0}, "ttft_p99_s: must be a finite number"),
+        ({"n": -1}, "requests_in_window: must be >= 0"),
+        ({"knee_limit": 0}, "knee_limit: must be >= 1"),
+        ({"queued": -2}, "queue_depth[interactive]: must be >= 0"),
+    ],
+)
+def test_bad_inputs_name_the_field(kw: dict, field: str):
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("(", r"\(")):
+        inputs(**kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"min_limit": 0}, "min_limit: must be >= 1"),
+        ({"min_limit": 8, "max_limit": 4}, "max_limit: must be >= min_limit (8)"),
+        ({"slo_ttft_p99_s": 0}, "slo_ttft_p99_s: must be > 0"),
+        ({"decrease_factor": 1.0}, "decrease_factor: must be in (0, 1)"),
+        ({"kv_probe_max_ratio": 0.95}, "kv_probe_max_ratio: must be in (0, kv_high_ratio=0.9]"),
+        ({"retry_ticks_max": 5}, "retry_ticks_max: must be >= retry_ticks (30)"),
+    ],
+)
+def test_bad_config_names_the_field(kw: dict, field: str):
+    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)")):
+        ControllerConfig(**kw)
+
+
+def test_decision_is_json_ready():
+    d = step(inputs(limit=16, ttft=2.3), settled())
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["action"] == "down" and doc["limit"] == 12 and doc["state"]["breach_base"] == 16
+
+
+def test_derated_and_base_for_are_inverse():
+    for factor in (1.0, 0.9, 0.75, 0.7, 0.5, 0.33, 0.25, 0.1):
+        for effective in range(1, 70):
+            b = base_for(effective, factor)
+            assert derated(b, factor) >= effective
+            assert b == 1 or derated(b - 1, factor) < effective
+
+
+# -- closed loop against a plant ---------------------------------------------------------
+
+
+def simulate(
+    plant: Callable[[int], float],
+    ticks: int,
+    start: int,
+    cfg: ControllerConfig = CFG,
+    noise: float = 0.0,
+    seed: int = 0,
+    derate: Callable[[int], float] = lambda t: 1.0,
+) -> list[ControlDecision]:
+    """Run the controller against p99 TTFT = plant(effective limit) x noise, queue always full."""
+    rng = random.Random(seed)
+    state, base, out = initial_state(), start, []
+    for t in range(ticks):
+        factor = derate(t)
+        eff = derated(base, factor)
+        ttft = plant(eff) * (1 + rng.uniform(-noise, noise))
+        inp = ControlInputs(
+            now_s=t * cfg.tick_s,
+            current_limit=base,
+            ttft_p99_s=ttft,
+            tpot_p99_s=None,
+            requests_in_window=50,
+            queue_depth={"interactive": 5},
+            in_flight=eff,
+            derate_factor=factor,
+        )
+        d = decide(cfg, inp, state)
+        state, base = d.state, d.base_limit
+        out.append(d)
+    return out
+
+
+def linear(e: int) -> float:
+    return 0.25 + 0.1 * e  # breaks the 1.5 s SLO above 12; probing stops at 10 (1.25 s)
+
+
+def test_step_load_settles_and_stays():
+    out = simulate(linear, 200, start=1)
+    limits = [d.limit for d in out]
+    assert limits[-1] == 10 and set(limits[60:]) == {10}
+    assert out[-1].state.reversals == 0
+
+
+def test_load_step_up_backs_off_then_settles():
+    heavy = [False]
+
+    def plant(e: int) -> float:
+        return (0.2 + 0.3 * e) if heavy[0] else linear(e)
+
+    rng = random.Random(1)
+    state, base = initial_state(), 10
+    limits = []
+    for t in range(150):
+        heavy[0] = t >= 20
+        eff = derated(base, 1.0)
+        d = decide(
+            CFG,
+            ControlInputs(
+                now_s=float(t),
+                current_limit=base,
+                ttft_p99_s=plant(eff) * (1 + rng.uniform(-0.05, 0.05)),
+                tpot_p99_s=None,
+                requests_in_window=40,
+                queue_depth={"interactive": 9},
+                in_flight=eff,
+            ),
+            state,
+        )
+        state, base = d.state, d.base_limit
+        limits.append(d.limit)
+    assert limits[21] < 10  # reacted on the first heavy tick
+    assert all(0.2 + 0.3 * lim <= 1.5 for lim in limits[-50:])  # inside the SLO again
+    assert len(set(limits[-50:])) == 1  # and steady
+
+
+# -- properties -----------------------------------------------------------------------------
+
+tick_inputs = st.fixed_dictionaries(
+    {
+        "ttft": st.one_of(st.none(), st.floats(0, 10)),
+        "tpot": st.one_of(st.none(), st.floats(0, 1)),
+        "n": st.integers(0, 100),
+        "kv": st.floats(0, 1),
+        "queued": st.integers(0, 50),
+        "derate": st.sampled_from([1.0, 0.9, 0.75, 0.5, 0.33, 0.25, 0.1]),
+        "protect": st.booleans(),
+        "knee": st.one_of(st.none(), st.integers(1, 100)),
+        "manual": st.one_of(st.none(), st.integers(1, 200)),
+    }
+)
+configs = st.builds(
+    ControllerConfig,
+    slo_ttft_p99_s=st.floats(0.1, 5),
+    slo_tpot_p99_s=st.one_of(st.none(), st.floats(0.01, 0.5)),
+    min_limit=st.integers(1, 8),
+    max_limit=st.integers(8, 128),
+    hold_ticks_after_increase=st.integers(0, 4),
+    hold_ticks_after_decrease=st.integers(0, 4),
+    retry_ticks=st.integers(1, 20),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cfg=configs, start=st.integers(1, 300), ticks=st.lists(tick_inputs, min_size=1, max_size=40))
+def test_limit_always_within_bounds(cfg: ControllerConfig, start: int, ticks: list[dict]):
+    state, base = initial_state(), start
+    for t in ticks:
+        mode = "manual" if t["manual"] is not None else "auto"
+        d = decide(
+            cfg,
+            inputs(
+                limit=base,
+                ttft=t["ttft"],
+                tpot=t["tpot"],
+                n=t["n"],
+                kv=t["kv"],
+                queued=t["queued"],
+                derate_factor=t["derate"],
+                protect=t["protect"],
+                knee_limit=t["knee"],
+                mode=mode,
+                manual_limit=t["manual"],
+            ),
+            state,
+        )
+        state, base = d.state, d.base_limit
+        assert cfg.min_limit <= d.base_limit <= cfg.max_limit
+        assert 1 <= d.limit <= max(1, int(cfg.max_limit * t["derate"] + 1e-9))
+        assert d.limit == derated(d.base_limit, t["derate"])
+        if mode == "auto" and t["knee"] is not None:
+            assert d.base_limit <= max(cfg.min_limit, t["knee"])
+        if mode == "manual":
+            clamped = min(cfg.max_limit, max(cfg.min_limit, t["manual"]))
+            assert d.limit == derated(clamped, t["derate"])
+        assert d.reason
+
+
+@settings(max_examples=150, deadline=None)
+@given(cfg=configs, start=st.integers(2, 128), warmup=st.lists(tick_inputs, max_size=15))
+def test_reacts_to_a_breach_within_hold_plus_one_ticks(
+    cfg: ControllerConfig, start: int, warmup: list[dict]
+):
+    state, base = initial_state(), min(start, cfg.max_limit)
+    for t in warmup:  # any history first
+        d = decide(cfg, inputs(limit=base, ttft=t["ttft"], n=t["n"], kv=t["kv"]), state)
+        state, base = d.state, d.base_limit
+    before = base
+    floor_limit = cfg.min_limit
+    for _ in range(cfg.hold_ticks_after_decrease + 1):
+        d = decide(cfg, inputs(limit=base, ttft=cfg.slo_ttft_p99_s * 3, n=50), state)
+        state, base = d.state, d.base_limit
+        if d.base_limit < before or before <= floor_limit:
+            return
+    raise AssertionError(f"no cut within {cfg.hold_ticks_after_decrease + 1} ticks: {d.reason}")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    cfg=configs,
+    start=st.integers(1, 128),
+    ratio=st.floats(0.81, 1.0),
+    queued=st.integers(0, 20),
+    derate=st.sampled_from([1.0, 0.75, 0.5]),
+)
+def test_holds_steady_on_a_steady_load_inside_the_dead_band(
+    cfg: ControllerConfig, start: int, ratio: float, queued: int, derate: float
+):
+    """p99 between the probe threshold and the SLO, nothing else moving: never a change."""
+    base = min(cfg.max_limit, max(cfg.min_limit, start))
+    tpot = None if cfg.slo_tpot_p99_s is None else cfg.slo_tpot_p99_s * 0.5
+    ttft = cfg.slo_ttft_p99_s * ratio
+    state = initial_state()
+    for _ in range(60):
+        d = decide(
+            cfg,
+            inputs(limit=base, ttft=ttft, tpot=tpot, queued=queued, derate_factor=derate),
+            state,
+        )
+        assert not d.changed and d.action is Action.HOLD, d.reason
+        state = d.state
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    slope=st.floats(0.02, 0.3),
+    noise=st.floats(0.0, 0.25),
+    start=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+)
+def test_no_oscillation_on_a_noisy_steady_load(slope: float, noise: float, start: int, seed: int):
+    """Once settled, the limit changes rarely and stays in a narrow band."""
+
+    def plant(e: int) -> float:
+        return 0.1 + slope * e
+
+    out = simulate(plant, 700, start=start, noise=noise, seed=seed)
+    tail = [d.limit for d in out[300:]]
+    changes = sum(1 for a, b in itertools.pairwise(tail) if a != b)
+    assert changes <= 6, [d.reason for d in out[300:] if d.changed]
+    assert max(tail) - min(tail) <= max(3, round(0.3 * max(tail)))
+    # The settled level keeps the SLO even at the top of the noise most of the time.
+    assert sum(plant(x) <= CFG.slo_ttft_p99_s for x in tail) >= 0.9 * len(tail)
+
+
+@settings(max_examples=40, deadline=None)
+@given(noise=st.floats(0.0, 0.2), seed=st.integers(0, 1000))
+def test_derate_step_lowers_the_operating_point_and_probing_cannot_undo_it(noise: float, seed: int):
+    out = simulate(
+        linear, 300, start=10, noise=noise, seed=seed, derate=lambda t: 0.5 if t >= 100 else 1.0
+    )
+    cool, hot = out[99], out[100:]
+    assert hot[0].limit == derated(cool.base_limit, 0.5) < cool.limit
+    assert all(d.limit <= hot[0].limit for d in hot)
+    assert all(d.action in (Action.HOLD, Action.DOWN, Action.DERATE) for d in hot)
