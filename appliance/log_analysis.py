@@ -137,7 +137,7 @@ class Climb:
     @property
     def minutes_to_limit(self) -> float | None:
         """At the current rate, minutes from the peak until the limit (unfinished climbs)."""
-        if self.rate_per_min <= 0:
+        if self.failure_ts_s is not None or self.rate_per_min <= 0:
             return None
         return max(0.0, (1.0 - self.peak_ratio) / self.rate_per_min)
 
@@ -205,10 +205,16 @@ class Report:
         return _with_iso(out)
 
 
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def _climb_dict(c: Climb) -> dict[str, Any]:
     d = asdict(c)
-    d["lead_s"] = c.lead_s
-    d["minutes_to_limit"] = c.minutes_to_limit
+    for key in ("start_ratio", "peak_ratio", "rate_per_min"):
+        d[key] = round(d[key], 4)
+    d["lead_s"] = _rounded(c.lead_s, 1)
+    d["minutes_to_limit"] = _rounded(c.minutes_to_limit, 1)
     return d
 
 

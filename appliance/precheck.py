@@ -263,13 +263,13 @@ def check_pcie(gpus: tuple[GpuFacts, ...]) -> CheckResult:
         return _not_applicable("pcie")
     low, unknown, seen = [], [], set()
     for g in gpus:
-        values = (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max)
-        if None in values:
+        gen, gen_max = g.pcie_gen_current, g.pcie_gen_max
+        width, width_max = g.pcie_width_current, g.pcie_width_max
+        if gen is None or gen_max is None or width is None or width_max is None:
             unknown.append(str(g.index))
             continue
-        gen, gen_max, width, width_max = values
         seen.add(f"gen{gen_max} x{width_max}")
-        if gen < gen_max or width < width_max:  # type: ignore[operator]
+        if gen < gen_max or width < width_max:
             low.append(f"GPU {g.index} gen{gen}/x{width} of gen{gen_max}/x{width_max}")
     if low:
         # Links drop generation to save power when idle; width never changes with load.

@@ -47,29 +47,30 @@ class Harness:
         raise AssertionError("not ready")
 
 
-def _cfg(tmp_path: Path, **admission):
-    return parse_config(
-        {
-            "state_dir": str(tmp_path),
-            "server": {"max_body_bytes": 4096},
-            "engine": {
-                "served_model_name": MODEL,
-                "max_model_len": 64,
-                "max_tokens_default": 8,
-                "drain_timeout_s": 5,
-                "health_interval_s": 0.05,
-                "restart_backoff_initial_s": 0.01,
-                "restart_backoff_max_s": 0.05,
-            },
-            "admission": {
-                "concurrency_limit": 2,
-                "max_queue_wait_s": 5,
-                "retry_after_s": 7,
-                "queue_capacity": {"realtime": 2, "interactive": 16, "batch": 1},
-                **admission,
-            },
-        }
-    )
+def _cfg(tmp_path: Path, **sections: dict):
+    base: dict = {
+        "state_dir": str(tmp_path),
+        "server": {"max_body_bytes": 4096},
+        "engine": {
+            "served_model_name": MODEL,
+            "max_model_len": 64,
+            "max_tokens_default": 8,
+            "drain_timeout_s": 5,
+            "health_interval_s": 0.05,
+            "restart_backoff_initial_s": 0.01,
+            "restart_backoff_max_s": 0.05,
+        },
+        "admission": {
+            "concurrency_limit": 2,
+            "max_queue_wait_s": 5,
+            "retry_after_s": 7,
+            "queue_capacity": {"realtime": 2, "interactive": 16, "batch": 1},
+        },
+        "telemetry": {"source": "sim"},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return parse_config(base)
 
 
 @pytest.fixture
@@ -363,3 +364,52 @@ async def test_metrics_exposition(h: Harness):
         "appliance_concurrency_limit 2.0",
     ]:
         assert name in text, name
+
+
+async def test_thermal_fault_derates_then_recovers(tmp_path: Path, monkeypatch):
+    """Fast simulated thermals: a hot room under load cuts the limit; clearing it restores."""
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    cfg = _cfg(
+        tmp_path,
+        admission={"concurrency_limit": 8},
+        telemetry={
+            "source": "sim",
+            "interval_s": 0.02,
+            "sim": {"time_constant_s": 0.05, "ambient_c": 25},
+        },
+        thermal={"dwell_s": 0.1, "step_interval_s": 0.05, "hysteresis_c": 3},
+    )
+    app = build_app(cfg, lambda: FakeEngine(token_delay_s=0.01), WordTokenizer())
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    h = Harness(client, [], (tmp_path / "admin.token").read_text().strip())
+    try:
+        await h.wait_ready()
+        r = await client.post(
+            "/admin/telemetry/faults", headers=h.admin(), json={"name": "hot_room", "delta_c": 60}
+        )
+        assert r.status == 200
+        for _ in range(300):
+            if h.svc.admission.limit < 8:
+                break
+            await asyncio.sleep(0.01)
+        assert h.svc.admission.limit < 8
+        snap = await (await client.get("/admin/status", headers=h.admin())).json()
+        assert snap["telemetry"]["thermal"]["level"] in ("derate", "protect")
+        assert snap["telemetry"]["gpus"][0]["simulated"] is True
+        text = await (await client.get("/metrics")).text()
+        assert 'appliance_gpu_temperature_celsius{gpu="0",simulated="true"}' in text
+        assert "appliance_derate_level" in text and "appliance_energy_joules_total" in text
+        r = await client.delete("/admin/telemetry/faults", headers=h.admin())
+        assert (await r.json())["removed"] == 1
+        for _ in range(500):
+            if h.svc.admission.limit == 8 and not h.svc.admission.protect:
+                break
+            await asyncio.sleep(0.01)
+        assert h.svc.admission.limit == 8
+        kinds = [e.kind for e in h.svc.events.recent(100)]
+        assert "thermal" in kinds and "fault_injected" in kinds
+        r = await client.post("/admin/telemetry/faults", headers=h.admin(), json={"name": "x"})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "name"
+    finally:
+        await client.close()

@@ -509,10 +509,11 @@ def test_no_oscillation_on_a_noisy_steady_load(slope: float, noise: float, start
     def plant(e: int) -> float:
         return 0.1 + slope * e
 
-    out = simulate(plant, 700, start=start, noise=noise, seed=seed)
-    tail = [d.limit for d in out[300:]]
+    # Additive climbs are slow by design (one step per hold period): settle for 500 ticks.
+    out = simulate(plant, 900, start=start, noise=noise, seed=seed)
+    tail = [d.limit for d in out[500:]]
     changes = sum(1 for a, b in itertools.pairwise(tail) if a != b)
-    assert changes <= 6, [d.reason for d in out[300:] if d.changed]
+    assert changes <= 6, [d.reason for d in out[500:] if d.changed]
     assert max(tail) - min(tail) <= max(3, round(0.3 * max(tail)))
     # The settled level keeps the SLO even at the top of the noise most of the time.
     assert sum(plant(x) <= CFG.slo_ttft_p99_s for x in tail) >= 0.9 * len(tail)
