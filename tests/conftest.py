@@ -84,6 +84,10 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
             "retry_after_s": 3,
             "queue_capacity": {"realtime": 16, "interactive": 128, "batch": 2},
         },
+        # Fast simulated thermals so a derate cycle fits in a test; without a fault the
+        # simulated GPU peaks near 81 °C at full load and never derates the other tests.
+        "telemetry": {"source": "sim", "interval_s": 0.5, "sim": {"time_constant_s": 3}},
+        "thermal": {"dwell_s": 3, "step_interval_s": 2},
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
