@@ -43,6 +43,8 @@ class EngineConfig(_Section):
     gpu_memory_utilization: float = Field(0.9, gt=0.05, le=0.99)
     tensor_parallel_size: int = Field(1, ge=1, le=8)
     enforce_eager: bool = True
+    # priority: vLLM schedules by the request's lane (realtime first) inside the engine too.
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
     seed: int = 0
     start_timeout_s: float = Field(600.0, gt=0)
     drain_timeout_s: float = Field(60.0, gt=0, le=3600)

@@ -103,7 +103,7 @@ class AnalysisConfig:
     baseline_points: int = 12  # the baseline is the median of this many earlier points
     min_baseline_points: int = 3
     spike_gap_s: float = 60.0  # spike points closer than this form one spike
-    cause_before_s: float = 300.0  # events this long before a spike may explain it
+    cause_before_s: float = 120.0  # events this long before a spike may explain it
     burst_factor: float = 2.0  # arrivals this many times the baseline are a burst ...
     burst_min_per_s: float = 1.0  # ... and at least this many per second above it
 
@@ -144,12 +144,13 @@ class Climb:
 
 @dataclass(frozen=True)
 class ContextEvent:
-    """Something that can explain a latency spike."""
+    """Something that can explain a latency spike; a job's start carries when it ended."""
 
     ts_s: float
     category: str  # restart, derate, job, controller, burst
     kind: str
     reason: str
+    until_ts_s: float | None = None  # a job_started: its job_finished (or the log's end)
 
 
 @dataclass(frozen=True)
@@ -474,13 +475,26 @@ def _category(r: LogRecord) -> str | None:
     return None
 
 
+def _job_end(r: LogRecord, later: Sequence[LogRecord]) -> float | None:
+    """When the job a job_started line began finished (the log's end while it still runs)."""
+    name = r.value("job")
+    for other in later:
+        if other.event == "job_finished" and other.value("job") == name:
+            return other.ts_s
+    return later[-1].ts_s if later else r.ts_s
+
+
 def context_events(records: Sequence[LogRecord]) -> list[ContextEvent]:
     """The events that can explain latency: restarts, derates, jobs, controller moves."""
+    timed = _timed(records)
     out = []
-    for r in _timed(records):
+    for i, r in enumerate(timed):
         category = _category(r)
-        if category is not None and r.ts_s is not None:
-            out.append(ContextEvent(r.ts_s, category, r.event or "", r.reason or r.msg))
+        if category is None or r.ts_s is None:
+            continue
+        # A running job (a benchmark, say) explains latency for as long as it runs.
+        until = _job_end(r, timed[i + 1 :]) if r.event == "job_started" else None
+        out.append(ContextEvent(r.ts_s, category, r.event or "", r.reason or r.msg, until))
     return out
 
 
@@ -566,7 +580,9 @@ def _causes(
     start: float, end: float, events: Sequence[ContextEvent], cfg: AnalysisConfig
 ) -> tuple[Cause, ...]:
     near = [
-        Cause(e, e.ts_s - start) for e in events if start - cfg.cause_before_s <= e.ts_s <= end
+        Cause(e, e.ts_s - start)
+        for e in events
+        if e.ts_s <= end and max(e.ts_s, e.until_ts_s or e.ts_s) >= start - cfg.cause_before_s
     ]
     # Events before the spike first, nearest first; then those during it, in order.
     return tuple(sorted(near, key=lambda c: (c.offset_s > 0, abs(c.offset_s))))

@@ -12,6 +12,7 @@ from appliance.api.app import FATAL, build_app
 from appliance.api.keys import SERVICES
 from appliance.config import DEFAULT_MODEL, Config, resolve_model_dir
 from appliance.errors import EngineStartError
+from appliance.precheck import CheckResult
 
 log = logging.getLogger("appliance.serve")
 
@@ -28,14 +29,33 @@ def _ensure_model(cfg: Config) -> None:
         raise EngineStartError(f"engine.model: {model_dir} is not a model folder (no config.json)")
 
 
+def _preflight(cfg: Config) -> list[CheckResult]:
+    """Pre-check the machine and refuse a memory plan that cannot fit, with the numbers."""
+    from appliance.precheck import plan_for_config, run_prechecks
+
+    plan = plan_for_config(cfg)
+    if not plan.fits:
+        raise EngineStartError(f"memory plan does not fit: {plan.reason}")
+    # The port is ours to bind in a moment, so the pre-check must not test it.
+    results = run_prechecks(cfg, include_port=False)
+    for r in results:
+        if r.status in ("fail", "warn"):
+            log.warning(
+                "precheck %s: %s", r.name, r.detail, extra={"check": r.name, "status": r.status}
+            )
+    return results
+
+
 async def run_daemon(cfg: Config) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when the engine cannot start."""
     from appliance.adapters.hf_tokenizer import HfTokenizer
     from appliance.adapters.vllm_engine import VllmEngine
 
     _ensure_model(cfg)
+    prechecks = await asyncio.to_thread(_preflight, cfg)
     tokenizer = await asyncio.to_thread(HfTokenizer, resolve_model_dir(cfg))
     app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer)
+    app[SERVICES].prechecks = prechecks
     # handler_cancellation: a client that disconnects cancels its handler, which removes it
     # from the queue or aborts its engine request.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)

@@ -105,9 +105,12 @@ class VllmEngine:
 
         e = self._cfg.engine
         self._device = "cpu" if current_platform.is_cpu() else current_platform.device_name
+        kv_bytes = None
         if self._device == "cpu":
-            # vLLM reads the CPU KV budget from the environment at engine build time.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{e.kv_cache_space_gib:g}"
+            # An explicit byte budget is exact; VLLM_CPU_KVCACHE_SPACE takes whole GiB only
+            # and would override it, so it must not leak in from the environment.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            kv_bytes = round(e.kv_cache_space_gib * 2**30)
         args = AsyncEngineArgs(
             model=str(self._model_dir),
             served_model_name=[e.served_model_name or self._model_dir.name],
@@ -119,6 +122,8 @@ class VllmEngine:
             gpu_memory_utilization=e.gpu_memory_utilization,
             tensor_parallel_size=e.tensor_parallel_size,
             enforce_eager=e.enforce_eager,
+            scheduling_policy=e.scheduling_policy,
+            kv_cache_memory_bytes=kv_bytes,
             seed=e.seed,
             enable_log_requests=False,
             disable_log_stats=True,  # our own stat logger is enough; keeps the log quiet
@@ -136,10 +141,11 @@ class VllmEngine:
         vc = self._llm.vllm_config
         blocks = vc.cache_config.num_gpu_blocks
         block_size = vc.cache_config.block_size
+        tokens = vc.cache_config.kv_cache_size_tokens or (blocks * block_size if blocks else None)
         return EngineInfo(
             model_dir=str(self._model_dir),
             max_model_len=int(vc.model_config.max_model_len),
-            kv_cache_tokens=int(blocks * block_size) if blocks else None,
+            kv_cache_tokens=int(tokens) if tokens else None,
             block_size=int(block_size) if block_size else None,
             num_blocks=int(blocks) if blocks else None,
             kv_cache_space_gib=self._cfg.engine.kv_cache_space_gib
@@ -168,7 +174,7 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
-        gen = self._llm.generate(prompt, params, request.request_id)
+        gen = self._llm.generate(prompt, params, request.request_id, priority=request.priority)
         try:
             async for out in gen:
                 c = out.outputs[0]

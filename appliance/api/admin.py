@@ -110,6 +110,44 @@ def telemetry_snapshot(svc: Services) -> dict[str, Any]:
     return out
 
 
+@routes.get("/admin/estimate")
+async def get_estimate(request: web.Request) -> web.Response:
+    """The memory plan for the running config; ?seq_len=N&batch_size=N for what-ifs."""
+    from appliance.precheck import plan_for_config
+
+    svc = request.app[SERVICES]
+    args: dict[str, int] = {}
+    for key, hi in (("seq_len", 10_000_000), ("batch_size", 100_000)):
+        if key in request.query:
+            try:
+                value = int(request.query[key])
+            except ValueError:
+                value = 0
+            if not 1 <= value <= hi:
+                raise BadRequest(f"{key}: must be an integer between 1 and {hi}", param=key)
+            args[key] = value
+    try:
+        plan = await asyncio.to_thread(plan_for_config, svc.config, **args)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="model") from None
+    return web.json_response(plan.to_dict())
+
+
+@routes.get("/admin/precheck")
+async def get_precheck(request: web.Request) -> web.Response:
+    """The pre-check results from daemon start."""
+    from appliance.precheck import exit_code, summary
+
+    results = request.app[SERVICES].prechecks
+    return web.json_response(
+        {
+            "results": [r.to_dict() for r in results],
+            "summary": summary(results),
+            "exit_code": exit_code(results),
+        }
+    )
+
+
 @routes.post("/admin/telemetry/faults")
 async def post_fault(request: web.Request) -> web.Response:
     """Inject a simulated-GPU fault: {name, gpu?, delta_c?, factor?, duration_s?}."""

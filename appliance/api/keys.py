@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from appliance.config import Config
 from appliance.domain.gpu_sample import Telemetry
 from appliance.ports import Tokenizer
+from appliance.precheck import CheckResult
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.metrics import Metrics
@@ -33,6 +34,7 @@ class Services:
     admin_token: str
     started_at_s: float
     restart_task: asyncio.Task[float] | None = None
+    prechecks: list[CheckResult] = field(default_factory=list)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -25,7 +25,7 @@ READ_ERROR_EXIT = 1
 
 
 def register(sub: Any) -> None:
-    """Add `logs analyze [FILE | --journal [--unit U] [--since T]] [--json]` to the CLI."""
+    """Add `logs analyze [FILE | --journal [--unit U] [--since T] [--journal-dir D]] [--json]`."""
     logs = sub.add_parser("logs", help="log tools")
     logs_sub = logs.add_subparsers(dest="logs_command", required=True)
     p = logs_sub.add_parser(
@@ -38,13 +38,18 @@ def register(sub: Any) -> None:
     p.add_argument("--journal", action="store_true", help="read the systemd journal instead")
     p.add_argument("--unit", default="appliance", help="journal unit (default appliance)")
     p.add_argument("--since", help="journal start, as journalctl takes it (e.g. '-2h')")
+    p.add_argument(
+        "--journal-dir", help="a journal directory copied from another machine (journalctl -D)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
 
-def journal_command(unit: str, since: str | None) -> list[str]:
+def journal_command(unit: str, since: str | None, directory: str | None = None) -> list[str]:
     """The journalctl call whose output parse_journal_json reads."""
     argv = ["journalctl", "--unit", unit, "--output", "json", "--no-pager"]
+    if directory:
+        argv += ["--directory", directory]
     if since:
         argv += ["--since", since]
     return argv
@@ -55,7 +60,10 @@ def _read(args: argparse.Namespace) -> list[LogRecord]:
         if shutil.which("journalctl") is None:
             raise OSError("journalctl is not installed")
         proc = subprocess.run(
-            journal_command(args.unit, args.since), capture_output=True, text=True, check=False
+            journal_command(args.unit, args.since, args.journal_dir),
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise OSError(f"journalctl failed: {proc.stderr.strip()}")

@@ -371,7 +371,7 @@ def weighted_score(
         scores.append(
             Score(
                 p.concurrency,
-                round(s, 6),
+                s,
                 comp["latency"],
                 comp["throughput"],
                 comp["utilisation"],

@@ -196,6 +196,7 @@ class ControllerState:
     last_direction: Action | None = None  # UP or DOWN
     reversals: int = 0  # UP after DOWN or DOWN after UP, for the record
     breach_base: int | None = None  # base limit at which the SLO (or KV) last broke
+    barrier: bool = False  # probes stay below breach_base (until a retry clears it)
     breach_tick: int | None = None
     retry_ticks: int | None = None  # current wait before probing at breach_base again
     retrying_since_tick: int | None = None  # a probe went to >= breach_base at this tick
@@ -322,7 +323,7 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     # stale (the wait it earned stays, so a flapping level is still revisited rarely).
     retry_wait = state.retry_ticks or cfg.retry_ticks
     if state.retrying_since_tick is not None and tick - state.retrying_since_tick > retry_wait:
-        state = replace(state, breach_base=None, breach_tick=None, retrying_since_tick=None)
+        state = replace(state, barrier=False, retrying_since_tick=None)
 
     # 1. Into bounds first: a new knee, a config change or an operator may have moved them.
     if base > upper or base < cfg.min_limit:
@@ -377,8 +378,10 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
             reason = f"{cause}: already at the minimum {limit}"
             return _finish(cfg, inputs, state, tick, base, Action.HOLD, reason)
         retry = state.retry_ticks or cfg.retry_ticks
-        if state.retrying_since_tick is not None:
-            # The retry at the old breaking point broke it again: wait longer next time.
+        if state.breach_base is not None and base >= state.breach_base:
+            # The old breaking point (or above) broke again, on a retry or after one that
+            # seemed to hold: wait longer before the next try. A lower level breaking means
+            # the load got heavier, not that the retries were too eager.
             retry = min(cfg.retry_ticks_max, retry * 2)
         how = f" (mild, within {cfg.mild_breach_ratio:g}x: one step)" if mild else ""
         reason = f"{cause}{how}: {_move(limit, new_limit, base, new_base, factor)}"
@@ -392,6 +395,7 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
             reason,
             last_decrease_tick=tick,
             breach_base=base,
+            barrier=True,
             breach_tick=tick,
             retry_ticks=retry,
             retrying_since_tick=None,
@@ -436,7 +440,7 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
             return hold(f"{wait} more tick(s) after the last change")
     new_base = min(upper, base_for(limit + cfg.increase_step, factor))
     retrying_since = state.retrying_since_tick
-    if state.breach_base is not None and new_base >= state.breach_base:
+    if state.barrier and state.breach_base is not None and new_base >= state.breach_base:
         assert state.breach_tick is not None
         waited = tick - state.breach_tick
         retry = state.retry_ticks or cfg.retry_ticks

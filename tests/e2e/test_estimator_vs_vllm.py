@@ -105,7 +105,8 @@ def test_smollm2_kv_capacity_matches_the_running_engine(daemon: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    smol = Path(os.environ.get("APPLIANCE_SMOLLM2_DIR", "state/models/SmolLM2-135M-Instruct"))
+    default = Path(__file__).resolve().parents[2] / "state" / "models" / "SmolLM2-135M-Instruct"
+    smol = Path(os.environ.get("APPLIANCE_SMOLLM2_DIR", default))
     if not (smol / "tokenizer.json").is_file():
         pytest.skip(f"needs the prepared SmolLM2 tokenizer at {smol} (run model preparation)")
     model_dir = tmp_path_factory.mktemp("tiny-llama")

@@ -181,7 +181,7 @@ def test_breach_memory_keeps_probes_below_the_breaking_point_then_retries():
 
 def test_failed_retry_doubles_the_wait():
     cfg = replace(CFG, retry_ticks=10, retry_ticks_max=40)
-    state = settled(breach_base=16, breach_tick=50, retry_ticks=10)
+    state = settled(breach_base=16, barrier=True, breach_tick=50, retry_ticks=10)
     d = decide(cfg, inputs(limit=15), state)
     assert d.limit == 16 and d.state.retrying_since_tick == d.state.tick
     d = decide(cfg, inputs(limit=16, ttft=3.0), d.state)
@@ -190,10 +190,19 @@ def test_failed_retry_doubles_the_wait():
 
 def test_successful_retry_clears_the_memory():
     cfg = replace(CFG, retry_ticks=10)
-    state = settled(breach_base=16, breach_tick=50, retry_ticks=10, retrying_since_tick=100)
-    state = replace(state, tick=111)
-    d = decide(cfg, inputs(limit=16), state)
-    assert d.state.breach_base is None and d.limit == 17
+    state = settled(
+        breach_base=16, barrier=True, breach_tick=50, retry_ticks=10, retrying_since_tick=100
+    )
+    d = decide(cfg, inputs(limit=16), replace(state, tick=109))
+    assert d.action is Action.HOLD and "retrying 16, 1 more tick(s)" in d.reason
+    d = decide(cfg, inputs(limit=16), replace(state, tick=111))
+    assert not d.state.barrier and d.limit == 17
+    # The same level breaking again later still counts as a repeat: the wait doubles.
+    d = decide(cfg, inputs(limit=17, ttft=5.0), replace(d.state, tick=300))
+    assert d.state.retry_ticks == 20 and d.state.breach_base == 17
+    # A lower level breaking (heavier load) does not.
+    d = decide(cfg, inputs(limit=8, ttft=5.0), replace(d.state, tick=400))
+    assert d.state.retry_ticks == 20 and d.state.breach_base == 8
 
 
 def test_knee_is_a_ceiling_and_clamps_at_once():

@@ -289,7 +289,7 @@ def test_no_weights_no_totals(tmp_path: Path) -> None:
 
 
 def test_prepared_smollm2_if_present() -> None:
-    folder = Path("state/models/SmolLM2-135M-Instruct")
+    folder = Path(__file__).resolve().parents[2] / "state" / "models" / "SmolLM2-135M-Instruct"
     if not (folder / "model.safetensors").is_file():
         pytest.skip("the default model is not prepared here")
     s = load_model_spec(folder)

@@ -1,0 +1,41 @@
+"""Metric-history downsampling (pure): fine samples roll up into coarser buckets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+Sample = tuple[float, dict[str, Any]]
+
+
+def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
+    """Average each numeric field per bucket_s bucket; `<key>_max` fields keep the maximum.
+
+    The bucket's timestamp is its start; `n` counts the fine samples it holds (weighted when
+    the inputs are rollups themselves), so a second rollup still averages correctly.
+    """
+    if bucket_s <= 0:
+        raise ValueError(f"bucket_s must be > 0, got {bucket_s}")
+    buckets: dict[float, list[dict[str, Any]]] = {}
+    for ts, data in samples:
+        buckets.setdefault(math.floor(ts / bucket_s) * bucket_s, []).append(data)
+    out: list[Sample] = []
+    for start in sorted(buckets):
+        rows = buckets[start]
+        weights = [float(r.get("n", 1)) for r in rows]
+        merged: dict[str, Any] = {"n": sum(weights)}
+        keys = {k for r in rows for k, v in r.items() if k != "n" and _is_number(v)}
+        for key in sorted(keys):
+            pairs = [(r[key], w) for r, w in zip(rows, weights, strict=True) if _is_number(r.get(key))]
+            if key.endswith("_max"):
+                merged[key] = max(v for v, _ in pairs)
+            else:
+                total = sum(w for _, w in pairs)
+                merged[key] = sum(v * w for v, w in pairs) / total
+        out.append((start, merged))
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,263 @@
+"""The state store: one SQLite file (WAL) for events, job runs, benchmarks, metric history,
+controller decisions and threshold sets. Every write is one transaction, so a killed daemon
+leaves a consistent database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, kind TEXT NOT NULL, reason TEXT NOT NULL,
+    data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_ts ON events(ts_s);
+CREATE TABLE IF NOT EXISTS job_runs (
+    id INTEGER PRIMARY KEY, job TEXT NOT NULL, trigger TEXT NOT NULL, started_s REAL NOT NULL,
+    ended_s REAL, outcome TEXT NOT NULL, details TEXT NOT NULL DEFAULT '{}', error TEXT);
+CREATE INDEX IF NOT EXISTS job_runs_job ON job_runs(job, started_s);
+CREATE TABLE IF NOT EXISTS benchmarks (
+    id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, source TEXT NOT NULL, result TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS metric_samples (
+    ts_s REAL NOT NULL, resolution_s INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (resolution_s, ts_s));
+CREATE TABLE IF NOT EXISTS controller_decisions (
+    id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, limit_value INTEGER NOT NULL,
+    reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS thresholds (
+    id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, active INTEGER NOT NULL, source TEXT NOT NULL,
+    data TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run of a maintenance job as stored."""
+
+    id: int
+    job: str
+    trigger: str
+    started_s: float
+    ended_s: float | None
+    outcome: str
+    details: dict[str, Any]
+    error: str | None
+
+
+class StateStore:
+    """Thread-safe access to appliance.db; small synchronous transactions."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        # One connection shared under a lock: writes are tiny and rare (seconds apart).
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a power cut may lose the last transactions, never corrupt.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._tx() as cur:
+            cur.executescript(_SCHEMA)
+            cur.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        # Runs left 'running' by a daemon that died mid-job are closed as interrupted.
+        with self._tx() as cur:
+            cur.execute(
+                "UPDATE job_runs SET outcome='interrupted', ended_s=? WHERE outcome='running'",
+                (time.time(),),
+            )
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- events ----------------------------------------------------------------------
+
+    def add_event(self, ts_s: float, kind: str, reason: str, data: dict[str, Any]) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO events(ts_s, kind, reason, data) VALUES (?, ?, ?, ?)",
+                (ts_s, kind, reason, json.dumps(data, default=str)),
+            )
+
+    def events(self, limit: int = 100, kind: str | None = None) -> list[dict[str, Any]]:
+        """Newest events last."""
+        where, args = ("WHERE kind = ?", (kind,)) if kind else ("", ())
+        rows = self._query(
+            f"SELECT ts_s, kind, reason, data FROM events {where} ORDER BY id DESC LIMIT ?",
+            (*args, limit),
+        )
+        return [
+            {"ts_s": ts, "kind": k, "reason": r, "data": json.loads(d)}
+            for ts, k, r, d in reversed(rows)
+        ]
+
+    # -- job runs --------------------------------------------------------------------
+
+    def start_job_run(self, job: str, trigger: str) -> int:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO job_runs(job, trigger, started_s, outcome) "
+                "VALUES (?, ?, ?, 'running')",
+                (job, trigger, time.time()),
+            )
+            return int(cur.lastrowid or 0)
+
+    def finish_job_run(
+        self, run_id: int, outcome: str, details: dict[str, Any], error: str | None = None
+    ) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "UPDATE job_runs SET ended_s=?, outcome=?, details=?, error=? WHERE id=?",
+                (time.time(), outcome, json.dumps(details, default=str), error, run_id),
+            )
+
+    def job_runs(self, job: str | None = None, limit: int = 20) -> list[JobRun]:
+        """Newest first."""
+        where, args = ("WHERE job = ?", (job,)) if job else ("", ())
+        rows = self._query(
+            "SELECT id, job, trigger, started_s, ended_s, outcome, details, error FROM job_runs "
+            f"{where} ORDER BY id DESC LIMIT ?",
+            (*args, limit),
+        )
+        return [JobRun(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+
+    # -- benchmarks ------------------------------------------------------------------
+
+    def add_benchmark(self, source: str, result: dict[str, Any]) -> int:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO benchmarks(ts_s, source, result) VALUES (?, ?, ?)",
+                (time.time(), source, json.dumps(result, default=str)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def benchmarks(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Newest first, each {id, ts_s, source, result}."""
+        rows = self._query(
+            "SELECT id, ts_s, source, result FROM benchmarks ORDER BY id DESC LIMIT ?", (limit,)
+        )
+        return [{"id": i, "ts_s": ts, "source": s, "result": json.loads(r)} for i, ts, s, r in rows]
+
+    # -- controller decisions --------------------------------------------------------
+
+    def add_decision(self, ts_s: float, limit: int, reason: str) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO controller_decisions(ts_s, limit_value, reason) VALUES (?, ?, ?)",
+                (ts_s, limit, reason),
+            )
+
+    def decisions(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT ts_s, limit_value, reason FROM controller_decisions ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        return [{"ts_s": t, "limit": lim, "reason": r} for t, lim, r in reversed(rows)]
+
+    # -- metric history --------------------------------------------------------------
+
+    def add_metric_sample(self, ts_s: float, resolution_s: int, data: dict[str, Any]) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT OR REPLACE INTO metric_samples(ts_s, resolution_s, data) VALUES (?, ?, ?)",
+                (ts_s, resolution_s, json.dumps(data)),
+            )
+
+    def metric_samples(
+        self, resolution_s: int, since_s: float = 0.0, until_s: float | None = None
+    ) -> list[tuple[float, dict[str, Any]]]:
+        until = until_s if until_s is not None else float("inf")
+        rows = self._query(
+            "SELECT ts_s, data FROM metric_samples WHERE resolution_s=? AND ts_s>=? AND ts_s<? "
+            "ORDER BY ts_s",
+            (resolution_s, since_s, until),
+        )
+        return [(ts, json.loads(d)) for ts, d in rows]
+
+    def replace_metric_samples(
+        self,
+        resolution_s: int,
+        delete_before_s: float,
+        add: list[tuple[float, dict[str, Any]]],
+        add_resolution_s: int,
+    ) -> None:
+        """Roll fine samples into a coarser tier in one transaction (nothing lost midway)."""
+        with self._tx() as cur:
+            cur.executemany(
+                "INSERT OR REPLACE INTO metric_samples(ts_s, resolution_s, data) VALUES (?, ?, ?)",
+                [(ts, add_resolution_s, json.dumps(d)) for ts, d in add],
+            )
+            cur.execute(
+                "DELETE FROM metric_samples WHERE resolution_s=? AND ts_s<?",
+                (resolution_s, delete_before_s),
+            )
+
+    def count_metric_samples(self) -> dict[int, int]:
+        rows = self._query(
+            "SELECT resolution_s, COUNT(*) FROM metric_samples GROUP BY resolution_s"
+        )
+        return {int(r): int(n) for r, n in rows}
+
+    # -- thresholds ------------------------------------------------------------------
+
+    def save_thresholds(self, source: str, data: dict[str, Any]) -> int:
+        """Store a new active set; the previous ones stay for rollback."""
+        with self._tx() as cur:
+            cur.execute("UPDATE thresholds SET active=0 WHERE active=1")
+            cur.execute(
+                "INSERT INTO thresholds(ts_s, active, source, data) VALUES (?, 1, ?, ?)",
+                (time.time(), source, json.dumps(data)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def thresholds(self, limit: int = 10) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT id, ts_s, active, source, data FROM thresholds ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        return [
+            {"id": i, "ts_s": t, "active": bool(a), "source": s, "data": json.loads(d)}
+            for i, t, a, s, d in rows
+        ]
+
+    def rollback_thresholds(self) -> dict[str, Any] | None:
+        """Make the set before the active one active again; returns it (None if none)."""
+        with self._tx() as cur:
+            rows = list(cur.execute("SELECT id FROM thresholds ORDER BY id DESC LIMIT 2"))
+            if len(rows) < 2:
+                return None
+            cur.execute("DELETE FROM thresholds WHERE id=?", (rows[0][0],))
+            cur.execute("UPDATE thresholds SET active=1 WHERE id=?", (rows[1][0],))
+            data = cur.execute("SELECT data FROM thresholds WHERE id=?", (rows[1][0],)).fetchone()
+        return json.loads(data[0])

@@ -1,0 +1,79 @@
+"""The `maintenance:` config section: schedules, guard, history retention, recalibration bounds."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSchedule(_Section):
+    """One job's crontab line ("min hour day month weekday") and whether it runs."""
+
+    enabled: bool = True
+    cron: str
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(value)
+        except ValueError as exc:
+            raise ValueError(f"not a crontab expression ({exc})") from None
+        return value
+
+
+class MaintenanceConfig(_Section):
+    """When maintenance runs and how careful it is."""
+
+    timezone: str = "UTC"
+    restart: JobSchedule = JobSchedule(cron="0 3 * * sun")
+    benchmark: JobSchedule = JobSchedule(cron="0 2 1 * *")
+    recalibrate: JobSchedule = JobSchedule(cron="0 4 1 1,4,7,10 *")
+    # A run due while the daemon was down still runs at start if it is at most this late.
+    misfire_grace_s: int = Field(6 * 3600, ge=1, le=30 * 86400)
+    # Load guard: defer while realtime requests run or wait, or the queue is deeper than this.
+    guard_max_queue: int = Field(4, ge=0, le=100_000)
+    defer_retry_s: float = Field(300.0, gt=0, le=86400)
+    defer_max_retries: int = Field(12, ge=0, le=1000)
+    # Restart only when the engine's memory grew by at least this share since its start
+    # (0: always restart on schedule).
+    restart_min_growth_ratio: float = Field(0.0, ge=0, le=10)
+    # A re-benchmark whose best throughput is this share below the previous run raises an event.
+    regression_ratio: float = Field(0.1, gt=0, lt=1)
+    # Benchmark job load: levels and requests per level.
+    benchmark_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    benchmark_requests_per_level: int = Field(8, ge=1, le=10_000)
+    benchmark_max_tokens: int = Field(32, ge=1, le=4096)
+    # Metric history: sample period and how long each resolution is kept.
+    history_interval_s: float = Field(5.0, gt=0, le=3600)
+    history_raw_keep_s: float = Field(86400.0, gt=0)
+    history_minute_keep_s: float = Field(30 * 86400.0, gt=0)
+    history_hour_keep_s: float = Field(400 * 86400.0, gt=0)
+    # Recalibration may never raise a thermal threshold above these (the hardware's limits)
+    # unless allow_above_hardware is set by the operator.
+    hardware_max_core_c: float = Field(90.0, gt=0, le=150)
+    hardware_max_mem_c: float = Field(100.0, gt=0, le=150)
+    allow_above_hardware: bool = False
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_tz(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @field_validator("benchmark_concurrency")
+    @classmethod
+    def _levels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(v < 1 for v in value):
+            raise ValueError("each level must be >= 1, at least one level")
+        return tuple(sorted(set(value)))
