@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml requirements-lock.txt 2>/dev/null | sha1sum | cut -c1-12)
 CONFIG  ?= config.yaml
 
-.PHONY: serve test install model lint unit bench clean
+.PHONY: serve test install model tools lint unit bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,7 +35,13 @@ lint: install
 unit: install
 	$(BIN)/pytest -q tests/unit
 
-test: model
+# promtool/amtool check the alert rules; systemd-analyze is part of the base image.
+tools:
+	@command -v promtool >/dev/null && command -v amtool >/dev/null || { \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    --no-install-recommends prometheus prometheus-alertmanager; }
+
+test: model tools
 	$(BIN)/ruff check appliance maintenance tui tests bench scripts
 	$(BIN)/pytest -q -ra
 

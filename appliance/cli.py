@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config import find_config_path, load_config, resolve_model_dir
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, EngineStartError
 
 # Sub-commands that live in their own modules, each with register(sub).
-_COMMAND_MODULES = ("appliance.commands.estimate", "appliance.commands.precheck")
+_COMMAND_MODULES = (
+    "appliance.commands.estimate",
+    "appliance.commands.precheck",
+    "appliance.commands.bench",
+    "appliance.commands.install_service",
+    "appliance.commands.logs",
+)
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -32,7 +38,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     setup_logging(cfg.logging.level, cfg.logging.json_lines)
-    return asyncio.run(run_daemon(cfg))
+    try:
+        return asyncio.run(run_daemon(cfg))
+    except EngineStartError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ from appliance.api.keys import SERVICES
 from appliance.config import DEFAULT_MODEL, Config, resolve_model_dir
 from appliance.errors import EngineStartError
 from appliance.precheck import CheckResult
+from appliance.services.events import Event
+from appliance.services.sdnotify import SdNotifier, watchdog_loop
 
 log = logging.getLogger("appliance.serve")
 
@@ -27,6 +29,17 @@ def _ensure_model(cfg: Config) -> None:
             prepare_default_model(model_dir)
     if not (model_dir / "config.json").is_file():
         raise EngineStartError(f"engine.model: {model_dir} is not a model folder (no config.json)")
+
+
+def _to_systemd(notifier: SdNotifier, event: Event) -> None:
+    """READY=1 when the engine is ready (again), STATUS= on every engine state change."""
+    if event.kind != "engine_state":
+        return
+    line = f"engine {event.data['state']}: {event.reason}"
+    if event.data["state"] == "ready":
+        notifier.ready(line)
+    else:
+        notifier.status(line)
 
 
 def _preflight(cfg: Config) -> list[CheckResult]:
@@ -55,7 +68,12 @@ async def run_daemon(cfg: Config) -> int:
     prechecks = await asyncio.to_thread(_preflight, cfg)
     tokenizer = await asyncio.to_thread(HfTokenizer, resolve_model_dir(cfg))
     app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer)
-    app[SERVICES].prechecks = prechecks
+    svc = app[SERVICES]
+    svc.prechecks = prechecks
+    notifier = SdNotifier.from_env()
+    svc.events.add_sink(lambda ev: _to_systemd(notifier, ev))
+    # Pings come from the event loop itself: a stalled loop stops them and systemd restarts us.
+    watchdog = asyncio.create_task(watchdog_loop(notifier), name="sd-watchdog")
     # handler_cancellation: a client that disconnects cancels its handler, which removes it
     # from the queue or aborts its engine request.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
@@ -72,7 +90,7 @@ async def run_daemon(cfg: Config) -> int:
     fatal = app[FATAL]
     await asyncio.wait({stop_wait, fatal}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
-    svc = app[SERVICES]
+    notifier.stopping(f"draining (up to {cfg.engine.drain_timeout_s:g} s)")
     if fatal.done():
         log.error("engine failed to start: %s", fatal.exception())
         code = 1
@@ -82,6 +100,8 @@ async def run_daemon(cfg: Config) -> int:
         log.info("drained" if drained else "drain timed out")
     stop_wait.cancel()
     await runner.cleanup()
+    watchdog.cancel()
+    notifier.close()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
     return code

@@ -83,13 +83,16 @@ def launch(
     raise RuntimeError(f"{cmd[:4]} not ready in {timeout_s:g} s:\n{server.log_tail()}")
 
 
-def start_appliance(config: dict, state_dir: Path, timeout_s: float = 420) -> ServerProc:
+def start_appliance(
+    config: dict, state_dir: Path, timeout_s: float = 420, extra_env: dict[str, str] | None = None
+) -> ServerProc:
     """`python -m appliance serve` with config (a dict written as YAML-compatible JSON)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = state_dir / "config.yaml"
     cfg_path.write_text(json.dumps({"state_dir": str(state_dir), **config}))
     port = config["server"]["port"]
     env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_ADMIN_TOKEN"}
+    env.update(extra_env or {})
     return launch(
         [sys.executable, "-m", "appliance", "serve", "--config", str(cfg_path)],
         f"http://127.0.0.1:{port}",

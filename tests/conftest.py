@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +28,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 
 
+class NotifyListener:
+    """A unix datagram socket standing in for systemd's NOTIFY_SOCKET; keeps what arrives."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[tuple[float, str]] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.5)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="notify-listener")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.monotonic(), data.decode(errors="replace")))
+
+    def lines(self) -> list[str]:
+        return [m for _, m in self.messages]
+
+
 @dataclass
 class Daemon:
     url: str
@@ -35,6 +64,7 @@ class Daemon:
     log_path: Path
     proc: subprocess.Popen[bytes]
     ready_history: list[tuple[int, str]] = field(default_factory=list)
+    notify: NotifyListener | None = None
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -91,7 +121,14 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
-    server = start_appliance(cfg, state_dir, timeout_s=START_TIMEOUT_S)
+    notify = NotifyListener(state_dir / "notify.sock")
+    # A real sd_notify socket, as systemd would give, with a 2 s watchdog (pings every 1 s).
+    server = start_appliance(
+        cfg,
+        state_dir,
+        timeout_s=START_TIMEOUT_S,
+        extra_env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"},
+    )
     token = (state_dir / "admin.token").read_text().strip()
     return Daemon(
         url=server.url,
@@ -102,6 +139,7 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
         log_path=server.log_path,
         proc=server.proc,
         ready_history=server.ready_history,
+        notify=notify,
     )
 
 

@@ -51,6 +51,8 @@ async def test_sigterm_drains_then_exits_clean(daemon: Daemon):
     assert all(status == 200 and text for status, text in results), results
     code = await asyncio.to_thread(daemon.proc.wait, 120)
     assert code == 0, daemon.log_tail()
+    assert daemon.notify is not None
+    assert any("STOPPING=1" in m.split("\n") for m in daemon.notify.lines())
     await asyncio.sleep(1)
     alive = [
         pid
