@@ -512,22 +512,27 @@ def parse_status(doc: dict[str, Any]) -> _Reading:
     engine = doc.get("engine") or {}
     stats = engine.get("stats") or {}
     adm = doc.get("admission") or {}
-    telemetry = doc.get("telemetry") or {}
-    gpus = telemetry.get("gpus") if isinstance(telemetry, dict) else None
+    telemetry = doc.get("telemetry")
+    if not isinstance(telemetry, dict):
+        telemetry = {}
+    gpus = telemetry.get("gpus")
     if gpus is None:
         gpus = doc.get("gpus") or []
     utils = [g["gpu_util_pct"] for g in gpus if g.get("gpu_util_pct") is not None]
-    energies = [g.get("energy_j") for g in gpus]
-    energy = (
-        sum(e for e in energies if e is not None) if energies and None not in energies else None
-    )
+    # The daemon's own running total survives counter resets; per-GPU counters are the fallback.
+    energy = telemetry.get("energy_total_j")
+    if energy is None:
+        energies = [g.get("energy_j") for g in gpus]
+        if gpus and None not in energies:
+            energy = sum(energies)
     kv = stats.get("kv_cache_usage_ratio")
     return _Reading(
         kv_ratio=float(kv) if kv is not None else None,
         limit=int(adm["limit"]) if adm.get("limit") is not None else None,
         util_pct=sum(utils) / len(utils) if utils else None,
-        energy_j=energy,
-        simulated=any(bool(g.get("simulated")) for g in gpus),
+        energy_j=float(energy) if energy is not None else None,
+        simulated=bool(gpus)
+        and (bool(telemetry.get("simulated")) or any(bool(g.get("simulated")) for g in gpus)),
     )
 
 

@@ -89,6 +89,60 @@ def admin_get(url: str, token: str, path: str) -> Any:
         return json.loads(resp.read())
 
 
+def admin_post(url: str, token: str, path: str) -> Any:
+    """POST to an admin endpoint (no body) and decode its JSON."""
+    req = urllib.request.Request(
+        url.rstrip("/") + path,
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _daemon_call(args: argparse.Namespace, fn: Any) -> int:
+    cfg = _load(args)
+    url = args.url or f"http://{cfg.server.host}:{cfg.server.port}"
+    try:
+        return int(fn(url, _admin_token(args, cfg)))
+    except urllib.error.HTTPError as exc:
+        print(f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{url}: daemon not reachable ({exc})", file=sys.stderr)
+        return 1
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    def run(url: str, token: str) -> int:
+        jobs = admin_get(url, token, "/admin/jobs")["jobs"]
+        if args.json:
+            print(json.dumps(jobs, indent=2))
+            return 0
+        print(f"{'job':<12} {'cron':<20} {'next run':<27} last")
+        for j in jobs:
+            last = j["history"][0] if j["history"] else None
+            last_txt = f"{last['outcome']} ({last['trigger']})" if last else "never"
+            print(f"{j['name']:<12} {j['cron']:<20} {j['next_run'] or '-':<27} {last_txt}")
+        return 0
+
+    return _daemon_call(args, run)
+
+
+def cmd_jobs_run(args: argparse.Namespace) -> int:
+    def run(url: str, token: str) -> int:
+        suffix = "?force=1" if args.force else ""
+        out = admin_post(url, token, f"/admin/jobs/{args.name}/run{suffix}")
+        print(
+            f"{out['job']}: {out['status']} ({out['trigger']}); follow it with "
+            "`appliance jobs list` or the TUI"
+        )
+        return 0
+
+    return _daemon_call(args, run)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _load(args)
     url = args.url or f"http://{cfg.server.host}:{cfg.server.port}"
@@ -137,6 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = cfg_sub.add_parser("check", help="validate a config file; exit 2 naming every bad key")
     p.add_argument("path")
     p.set_defaults(func=cmd_config_check)
+
+    jobs_p = sub.add_parser("jobs", help="maintenance jobs (through the running daemon)")
+    jobs_sub = jobs_p.add_subparsers(dest="jobs_command", required=True)
+    for name, fn, hlp in (
+        ("list", cmd_jobs_list, "jobs, next run, last outcome"),
+        ("run", cmd_jobs_run, "run a job now"),
+    ):
+        p = jobs_sub.add_parser(name, help=hlp)
+        if name == "run":
+            p.add_argument("name", help="restart | benchmark | recalibrate")
+            p.add_argument("--force", action="store_true", help="skip the load guard")
+        else:
+            p.add_argument("--json", action="store_true")
+        p.add_argument("--config")
+        p.add_argument("--url")
+        p.add_argument("--token-file")
+        p.set_defaults(func=fn)
 
     model_p = sub.add_parser("model", help="model tools")
     model_sub = model_p.add_subparsers(dest="model_command", required=True)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from appliance.errors import ConfigError
 from appliance.telemetry_config import TelemetryConfig, ThermalConfig
+from maintenance.config import MaintenanceConfig
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DIRNAME = "SmolLM2-135M-Instruct"
@@ -78,6 +79,13 @@ class AdmissionConfig(_Section):
     retry_after_s: int = Field(2, ge=1, le=3600)
 
 
+class SloConfig(_Section):
+    """Latency objectives: what the controller steers to and the alerts measure against."""
+
+    ttft_p99_s: float = Field(5.0, gt=0, le=600)
+    tpot_p99_s: float = Field(0.5, gt=0, le=60)
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -90,6 +98,8 @@ class Config(_Section):
     admission: AdmissionConfig = AdmissionConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     thermal: ThermalConfig = ThermalConfig()
+    slo: SloConfig = SloConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     logging: LoggingConfig = LoggingConfig()
 
     def with_overrides(self, **server: Any) -> Config:

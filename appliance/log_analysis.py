@@ -431,9 +431,7 @@ def find_precursors(
     out: list[Climb] = []
     for failure in failures:
         for resource, points in series.items():
-            window = [
-                p for p in points if failure.ts_s - cfg.lookback_s <= p[0] <= failure.ts_s
-            ]
+            window = [p for p in points if failure.ts_s - cfg.lookback_s <= p[0] <= failure.ts_s]
             climb = _climb(resource, window, cfg, failure.ts_s, cfg.near_limit)
             if climb is not None:
                 out.append(climb)
@@ -520,9 +518,7 @@ def spikes_in(
             if len(normal) >= cfg.min_baseline_points
             else None
         )
-        is_spike = (
-            baseline is not None and v >= baseline * factor and v - baseline >= min_excess
-        )
+        is_spike = baseline is not None and v >= baseline * factor and v - baseline >= min_excess
         if not is_spike:
             normal.append(v)
             if current is not None and ts - current.end > cfg.spike_gap_s:
@@ -558,9 +554,7 @@ def find_bursts(samples: Sequence[LogRecord], cfg: AnalysisConfig) -> list[Conte
 
 def _points(records: Sequence[LogRecord], name: str) -> list[tuple[float, float]]:
     return [
-        (r.ts_s, v)
-        for r in records
-        if r.ts_s is not None and (v := r.number(name)) is not None
+        (r.ts_s, v) for r in records if r.ts_s is not None and (v := r.number(name)) is not None
     ]
 
 

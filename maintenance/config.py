@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from apscheduler.triggers.cron import CronTrigger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
+    """A crontab line ("min hour day month weekday"), or six fields with seconds first."""
+    fields = expr.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+        return CronTrigger(
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=dow,
+            timezone=timezone,
+        )
+    return CronTrigger.from_crontab(expr, timezone=timezone)
 
 
 class JobSchedule(_Section):
@@ -18,10 +36,8 @@ class JobSchedule(_Section):
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, value: str) -> str:
-        from apscheduler.triggers.cron import CronTrigger
-
         try:
-            CronTrigger.from_crontab(value)
+            cron_trigger(value)
         except ValueError as exc:
             raise ValueError(f"not a crontab expression ({exc})") from None
         return value

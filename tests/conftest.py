@@ -118,6 +118,13 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
         # simulated GPU peaks near 81 °C at full load and never derates the other tests.
         "telemetry": {"source": "sim", "interval_s": 0.5, "sim": {"time_constant_s": 3}},
         "thermal": {"dwell_s": 3, "step_interval_s": 2},
+        # Small maintenance loads so the jobs can run inside the suite.
+        "maintenance": {
+            "history_interval_s": 1,
+            "benchmark_concurrency": [1, 2],
+            "benchmark_requests_per_level": 2,
+            "benchmark_max_tokens": 8,
+        },
     }
     for key, value in overrides.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from appliance.adapters.simgpu import SimGpu
-from appliance.api import admin, health, openai
+from appliance.api import admin, health, maintenance, openai
 from appliance.api.errors import Handler, error_middleware
 from appliance.api.keys import SERVICES, Services
 from appliance.config import Config, served_model_name
 from appliance.domain.gpu_sample import Telemetry
+from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.thermal import ThermalDecision, ThermalLevel
 from appliance.errors import EngineStartError
 from appliance.logs import request_id_var
@@ -25,6 +26,7 @@ from appliance.services.admin_token import load_or_create_admin_token
 from appliance.services.admission import LANE_NAMES, AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.metrics import Metrics
+from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineState, EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry
 from appliance.services.telemetry_metrics import TelemetryCollector
@@ -82,6 +84,8 @@ def build_services(
     telemetry_loop = TelemetryLoop(
         telemetry, cfg.thermal.to_policy(), cfg.telemetry.interval_s, on_decision=on_decision
     )
+    store = StateStore(cfg.state_dir / "appliance.db")
+    events.add_sink(lambda e: store.add_event(e.ts_s, e.kind, e.reason, e.data))
     svc = Services(
         config=cfg,
         model_name=served_model_name(cfg),
@@ -94,6 +98,10 @@ def build_services(
         telemetry_loop=telemetry_loop,
         admin_token=load_or_create_admin_token(cfg.state_dir / cfg.server.admin_token_file),
         started_at_s=time.time(),
+        store=store,
+        latency=LatencyWindow(window_s=60.0),
+        slo_ttft_p99_s=cfg.slo.ttft_p99_s,
+        slo_tpot_p99_s=cfg.slo.tpot_p99_s,
     )
     _wire_metrics(svc)
     svc.metrics.add_collector(TelemetryCollector(telemetry_loop))
@@ -154,10 +162,18 @@ def build_app(
     app.add_routes(health.routes)
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
+    app.add_routes(maintenance.routes)
     # Start order: telemetry first (derating applies from the first request), then the engine.
     app.cleanup_ctx.append(_telemetry_ctx)
     app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(maintenance.maintenance_ctx)
+    app.cleanup_ctx.append(_store_ctx)
     return app
+
+
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[SERVICES].store.close()
 
 
 async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:

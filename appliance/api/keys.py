@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from appliance.config import Config
 from appliance.domain.gpu_sample import Telemetry
+from appliance.domain.latency_window import LatencyWindow
 from appliance.ports import Tokenizer
 from appliance.precheck import CheckResult
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
+from appliance.services.history import HistorySampler
 from appliance.services.metrics import Metrics
+from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
+from maintenance.scheduler import MaintenanceScheduler
 
 
 @dataclass
@@ -33,8 +38,25 @@ class Services:
     telemetry_loop: TelemetryLoop
     admin_token: str
     started_at_s: float
+    store: StateStore
+    latency: LatencyWindow
+    slo_ttft_p99_s: float
+    slo_tpot_p99_s: float
     restart_task: asyncio.Task[float] | None = None
     prechecks: list[CheckResult] = field(default_factory=list)
+    # Set in the maintenance cleanup context (they need the running loop).
+    history: HistorySampler = None  # type: ignore[assignment]
+    scheduler: MaintenanceScheduler = None  # type: ignore[assignment]
+    # The throughput knee from the last benchmark: the concurrency ceiling.
+    ceiling: int | None = None
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def set_ceiling(self, limit: int) -> None:
+        """Hand the benchmark's knee on as the concurrency ceiling."""
+        self.ceiling = limit
+        self.events.emit(
+            "ceiling", f"concurrency ceiling set to {limit} from the benchmark knee", ceiling=limit
+        )
 
 
 SERVICES = web.AppKey("services", Services)

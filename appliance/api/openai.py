@@ -181,11 +181,14 @@ def _record(
     m.prompt_tokens_total.inc(len(parsed.prompt_token_ids))
     m.generated_tokens_total.inc(outcome.completion_tokens)
     if outcome.first_token_s is not None:
-        m.ttft_seconds.observe(outcome.first_token_s - arrived_s)
+        ttft = outcome.first_token_s - arrived_s
+        tpot = None
+        m.ttft_seconds.observe(ttft)
         if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
-            m.tpot_seconds.observe(
-                (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
-            )
+            tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
+            m.tpot_seconds.observe(tpot)
+        if status == "ok":
+            svc.latency.add(time.monotonic(), ttft, tpot)
     m.e2e_seconds.observe(time.monotonic() - arrived_s)
 
 

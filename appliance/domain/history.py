@@ -27,7 +27,9 @@ def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
         merged: dict[str, Any] = {"n": sum(weights)}
         keys = {k for r in rows for k, v in r.items() if k != "n" and _is_number(v)}
         for key in sorted(keys):
-            pairs = [(r[key], w) for r, w in zip(rows, weights, strict=True) if _is_number(r.get(key))]
+            pairs = [
+                (r[key], w) for r, w in zip(rows, weights, strict=True) if _is_number(r.get(key))
+            ]
             if key.endswith("_max"):
                 merged[key] = max(v for v, _ in pairs)
             else:

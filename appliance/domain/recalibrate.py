@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from appliance.domain.latency_window import percentile
+
 # Fewer samples than this say nothing about a percentile: keep the current value.
 MIN_SAMPLES = 30
 
@@ -53,19 +55,6 @@ class Recalibration:
             "notes": list(self.notes),
             "samples": self.samples,
         }
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]; values must not be empty."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _clamp(value: float, lo: float, hi: float) -> float:

@@ -63,6 +63,12 @@ class Metrics:
         self.engine_restarts_total = Counter(
             "appliance_engine_restarts", "Engine restarts by cause", ["cause"], registry=r
         )
+        self.maintenance_runs_total = Counter(
+            "appliance_maintenance_runs",
+            "Maintenance job runs by outcome",
+            ["job", "outcome"],
+            registry=r,
+        )
         self.requests_in_flight = Gauge(
             "appliance_requests_in_flight", "Requests running in the engine", registry=r
         )

@@ -67,8 +67,9 @@ class StateStore:
         # NORMAL in WAL mode: a power cut may lose the last transactions, never corrupt.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        # executescript manages its own transaction (it commits first), so not inside _tx.
+        self._db.executescript(_SCHEMA)
         with self._tx() as cur:
-            cur.executescript(_SCHEMA)
             cur.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),

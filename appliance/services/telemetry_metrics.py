@@ -17,8 +17,12 @@ _PER_GPU = (
     ("appliance_gpu_utilization_ratio", "GPU utilisation (0..1)", "gpu_util_pct", 0.01),
     ("appliance_gpu_memory_used_bytes", "GPU memory in use", "mem_used_bytes", 1.0),
     ("appliance_gpu_sm_clock_hertz", "SM clock", "sm_clock_mhz", 1e6),
-    ("appliance_gpu_slowdown_temperature_celsius", "The GPU's own slowdown threshold",
-     "slowdown_temp_c", 1.0),
+    (
+        "appliance_gpu_slowdown_temperature_celsius",
+        "The GPU's own slowdown threshold",
+        "slowdown_temp_c",
+        1.0,
+    ),
 )
 
 
@@ -37,17 +41,23 @@ class TelemetryCollector:
                 if value is not None and not s.lost:
                     fam.add_metric([str(s.index), str(s.simulated).lower()], float(value) * scale)
             yield fam
-        lost = GaugeMetricFamily("appliance_gpu_lost", "1 when the GPU fell off the bus",
-                                 labels=["gpu"])
+        lost = GaugeMetricFamily(
+            "appliance_gpu_lost", "1 when the GPU fell off the bus", labels=["gpu"]
+        )
         for s in samples:
             lost.add_metric([str(s.index)], 1.0 if s.lost else 0.0)
         yield lost
         state = self._loop.thermal_state
-        yield GaugeMetricFamily("appliance_derate_level", "0 normal, 1 derate, 2 protect",
-                                value=state.level.severity)
-        yield GaugeMetricFamily("appliance_derate_factor",
-                                "Multiplier applied to the concurrency limit", value=state.factor)
-        energy = CounterMetricFamily("appliance_energy_joules",
-                                     "GPU energy used since the daemon started")
+        yield GaugeMetricFamily(
+            "appliance_derate_level", "0 normal, 1 derate, 2 protect", value=state.level.severity
+        )
+        yield GaugeMetricFamily(
+            "appliance_derate_factor",
+            "Multiplier applied to the concurrency limit",
+            value=state.factor,
+        )
+        energy = CounterMetricFamily(
+            "appliance_energy_joules", "GPU energy used since the daemon started"
+        )
         energy.add_metric([], self._loop.energy_total_j)
         yield energy

@@ -29,8 +29,12 @@ def _engine_core_pid(d: Daemon) -> int:
 
 async def test_killed_engine_core_is_detected_and_restarted(daemon: Daemon):
     before = daemon.status()["engine"]["restarts_total"].get("engine_dead", 0)
-    body = {"model": daemon.model_name, "max_tokens": 400, "stream": True,
-            "messages": [{"role": "user", "content": "Write a long poem about rivers."}]}
+    body = {
+        "model": daemon.model_name,
+        "max_tokens": 400,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Write a long poem about rivers."}],
+    }
     async with aiohttp.ClientSession() as s:
 
         async def stream() -> str:
@@ -67,6 +71,7 @@ async def test_killed_engine_core_is_detected_and_restarted(daemon: Daemon):
     kinds = [e["kind"] for e in snap["events"]]
     assert "engine_started" in kinds
     async with aiohttp.ClientSession() as s:
-        r = await s.post(daemon.url + "/v1/chat/completions",
-                         json={**body, "stream": False, "max_tokens": 8})
+        r = await s.post(
+            daemon.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 8}
+        )
         assert r.status == 200

@@ -19,19 +19,30 @@ async def test_load_heats_past_85_derates_and_recovers(daemon: Daemon):
     base = daemon.status()["admission"]["base_limit"]
     async with aiohttp.ClientSession(headers=daemon.admin_headers) as admin:
         # A hot room: idle stays cool (~46 °C), full engine load would reach ~96 °C.
-        r = await admin.post(daemon.url + "/admin/telemetry/faults",
-                             json={"name": "hot_room", "delta_c": 15})
+        r = await admin.post(
+            daemon.url + "/admin/telemetry/faults", json={"name": "hot_room", "delta_c": 15}
+        )
         assert r.status == 200
-    body = {"model": daemon.model_name, "max_tokens": 1000, "stream": True,
-            "messages": [{"role": "user", "content": "Write a very long essay."}]}
+    body = {
+        "model": daemon.model_name,
+        "max_tokens": 1000,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Write a very long essay."}],
+    }
     trace: list[tuple[float, float, int, str]] = []
     started = time.monotonic()
 
     def observe() -> dict:
         snap = daemon.status()
         gpu = snap["telemetry"]["gpus"][0]
-        trace.append((time.monotonic() - started, gpu["core_temp_c"],
-                      snap["admission"]["limit"], snap["telemetry"]["thermal"]["level"]))
+        trace.append(
+            (
+                time.monotonic() - started,
+                gpu["core_temp_c"],
+                snap["admission"]["limit"],
+                snap["telemetry"]["thermal"]["level"],
+            )
+        )
         return snap
 
     async with aiohttp.ClientSession() as s:

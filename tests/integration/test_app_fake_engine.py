@@ -413,3 +413,28 @@ async def test_thermal_fault_derates_then_recovers(tmp_path: Path, monkeypatch):
         assert r.status == 400 and (await r.json())["error"]["param"] == "name"
     finally:
         await client.close()
+
+
+async def test_jobs_api_runs_recalibrate_and_restart(h: Harness, tmp_path: Path):
+    r = await h.client.get("/admin/jobs", headers=h.admin())
+    jobs = {j["name"]: j for j in (await r.json())["jobs"]}
+    assert set(jobs) == {"restart", "benchmark", "recalibrate"}
+    assert jobs["restart"]["next_run"] and jobs["restart"]["cron"] == "0 3 * * sun"
+    r = await h.client.post("/admin/jobs/nope/run", headers=h.admin())
+    assert r.status == 404
+    for name in ("recalibrate", "restart"):
+        r = await h.client.post(f"/admin/jobs/{name}/run", headers=h.admin())
+        assert r.status == 202
+        for _ in range(300):
+            info = {j["name"]: j for j in
+                    (await (await h.client.get("/admin/jobs", headers=h.admin())).json())["jobs"]}
+            if info[name]["history"] and info[name]["history"][0]["outcome"] != "running":
+                break
+            await asyncio.sleep(0.02)
+        run = info[name]["history"][0]
+        assert run["outcome"] == "ok", run
+    assert run["details"]["restarted"] and "engine_rss_bytes" in run["details"]["after"]
+    assert (tmp_path / "alerts.recalibrated.yml").is_file()
+    text = await (await h.client.get("/metrics")).text()
+    assert 'appliance_maintenance_runs_total{job="restart",outcome="ok"} 1.0' in text
+    assert 'appliance_maintenance_runs_total{job="benchmark",outcome="failed"} 0.0' in text

@@ -1,0 +1,94 @@
+"""Metric history: the daemon samples its own state into SQLite and rolls old samples up
+(raw -> 1 min -> 1 h) under retention bounds, so a year stays a few MB."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from appliance.domain.history import rollup
+from appliance.services.store import StateStore
+from maintenance.config import MaintenanceConfig
+
+log = logging.getLogger("appliance.metrics")
+
+RAW, MINUTE, HOUR = 0, 60, 3600
+
+
+class HistorySampler:
+    """Every interval: one row from `snapshot()` into the store, and a `metrics_sample` log line."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        snapshot: Callable[[], dict[str, Any]],
+        cfg: MaintenanceConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._snapshot = snapshot
+        self._cfg = cfg
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._last_compact_s = 0.0
+        self.samples_taken = 0
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="metric-history")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._cfg.history_interval_s)
+            try:
+                await asyncio.to_thread(self.sample_once)
+            except Exception:  # history must never take the daemon down
+                log.exception("metric history sample failed")
+
+    def sample_once(self) -> dict[str, Any]:
+        """Take, store and log one sample; compact at most once a minute."""
+        now = self._clock()
+        row = self._snapshot()
+        self._store.add_metric_sample(now, RAW, row)
+        self.samples_taken += 1
+        log.info(
+            "metrics sample",
+            extra={"event": "metrics_sample", **{f"ev_{k}": v for k, v in row.items()}},
+        )
+        if now - self._last_compact_s >= 60:
+            self.compact(now)
+            self._last_compact_s = now
+        return row
+
+    def compact(self, now_s: float) -> None:
+        """Roll raw into minutes and minutes into hours past their retention; drop old hours."""
+        c = self._cfg
+        for fine, coarse, keep_s in (
+            (RAW, MINUTE, c.history_raw_keep_s),
+            (MINUTE, HOUR, c.history_minute_keep_s),
+        ):
+            cutoff = now_s - keep_s
+            # Whole coarse buckets only, so a bucket is never split between two rollups.
+            cutoff = cutoff - cutoff % coarse
+            old = self._store.metric_samples(fine, 0.0, cutoff)
+            if old:
+                self._store.replace_metric_samples(fine, cutoff, rollup(old, coarse), coarse)
+        self._store.replace_metric_samples(HOUR, now_s - c.history_hour_keep_s, [], HOUR)
+
+    def history(self, since_s: float) -> list[dict[str, Any]]:
+        """Every stored row since since_s, coarse tiers first, oldest first."""
+        rows: list[tuple[float, dict[str, Any]]] = []
+        for tier in (HOUR, MINUTE, RAW):
+            rows.extend(self._store.metric_samples(tier, since_s))
+        rows.sort(key=lambda r: r[0])
+        return [{"ts_s": ts, **data} for ts, data in rows]

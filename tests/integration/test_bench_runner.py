@@ -1,0 +1,399 @@
+"""The bench runner, `appliance bench` and the goodput arms against the HTTP app (fake engine).
+
+The fake engine sleeps a fixed time per token, so a request's speed does not depend on how
+many run at once: throughput grows with concurrency until the daemon's limit caps it. With
+limit 4 the sweep must show exactly that knee.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from appliance.api.app import build_app
+from appliance.bench_runner import (
+    BenchError,
+    BenchSettings,
+    Target,
+    is_document,
+    parse_status,
+    run_sweep,
+    run_tuning,
+    stream_chat,
+)
+from appliance.commands import bench as bench_cmd
+from appliance.config import parse_config
+from appliance.domain.analysis import Slo
+from bench import goodput
+from bench.servers import free_port
+from tests.fakes import FakeEngine, WordTokenizer
+
+MODEL = "fake-model"
+TOKEN_DELAY_S = 0.02
+MAX_MODEL_LEN = 256
+LIMIT = 4
+
+
+class App:
+    def __init__(self, url: str, state_dir: Path, engines: list[FakeEngine]) -> None:
+        self.url = url
+        self.state_dir = state_dir
+        self.engines = engines
+
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / "admin.token"
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
+
+
+async def _start(tmp_path: Path, **admission: object) -> tuple[TestServer, App]:
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "engine": {
+                "served_model_name": MODEL,
+                "max_model_len": MAX_MODEL_LEN,
+                "max_tokens_default": 8,
+                "drain_timeout_s": 5,
+                "health_interval_s": 0.05,
+            },
+            "admission": {
+                "concurrency_limit": LIMIT,
+                "realtime_reserved_share": 0,
+                "max_queue_wait_s": 30,
+                "queue_capacity": {"realtime": 8, "interactive": 256, "batch": 8},
+                **admission,
+            },
+        }
+    )
+    engines: list[FakeEngine] = []
+
+    def factory() -> FakeEngine:
+        engines.append(FakeEngine(token_delay_s=TOKEN_DELAY_S, max_model_len=MAX_MODEL_LEN))
+        return engines[-1]
+
+    server = TestServer(build_app(cfg, factory, WordTokenizer()))
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as s:
+        for _ in range(500):
+            async with s.get(url + "/health/ready") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the app never got ready")
+    return server, App(url, tmp_path, engines)
+
+
+@pytest.fixture
+async def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[App]:
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    server, a = await _start(tmp_path)
+    yield a
+    await server.close()
+
+
+def settings(app: App, **kw: object) -> BenchSettings:
+    base: dict[str, object] = {
+        "url": app.url,
+        "concurrency": (1, 2, 4, 8),
+        "requests_per_level": 8,
+        "max_tokens": 8,
+        "admin_token": app.token,
+        "telemetry_interval_s": 0.05,
+    }
+    base.update(kw)
+    return BenchSettings(**base)  # type: ignore[arg-type]
+
+
+async def test_sweep_numbers_are_sane_and_the_knee_is_the_daemon_limit(app: App):
+    seen = []
+    report = await run_sweep(settings(app), progress=seen.append)
+    assert report.model == MODEL and report.max_model_len == MAX_MODEL_LEN
+    assert [lv.concurrency for lv in report.levels] == [1, 2, 4, 8]
+    for lv in report.levels:
+        p = lv.point
+        assert p is not None and lv.ok == lv.requests == 8 and lv.failed == 0, lv.errors
+        assert lv.output_tokens == 8 * 8  # the fake engine always runs to max_tokens
+        # 8 tokens at 20 ms each: the first after ~20 ms, one every ~20 ms after it.
+        assert TOKEN_DELAY_S * 0.9 <= p.ttft_p50_s <= p.ttft_p99_s <= p.e2e_p99_s
+        assert TOKEN_DELAY_S * 0.9 <= p.tpot_p50_s <= TOKEN_DELAY_S * 3
+        assert p.e2e_p99_s >= 8 * TOKEN_DELAY_S * 0.9
+        assert p.request_per_s == pytest.approx(p.output_tok_s / 8)
+        assert lv.telemetry is not None and lv.telemetry.daemon_limit_max == LIMIT
+    tok = {lv.concurrency: lv.point.output_tok_s for lv in report.levels if lv.point}
+    assert tok[2] > 1.6 * tok[1] and tok[4] > 1.6 * tok[2]  # scales up to the limit
+    assert tok[8] < 1.25 * tok[4]  # and not past it: the rest waits in the daemon's queue
+    assert report.knee is not None and report.knee.concurrency == LIMIT
+    by_c = {lv.concurrency: lv.point for lv in report.levels if lv.point}
+    assert by_c[8].ttft_p99_s > by_c[4].ttft_p99_s + 2 * TOKEN_DELAY_S  # queueing shows in TTFT
+    assert any("the daemon's concurrency limit was 4" in n for n in report.notes)
+    assert report.pareto and set(report.pareto) <= {1, 2, 4, 8}
+    # The app's telemetry is the simulated GPU: numbers come, and the report says so.
+    assert report.scores is not None and report.scores.best_concurrency in (1, 2, 4, 8)
+    for lv in report.levels:
+        assert lv.telemetry is not None and lv.telemetry.simulated
+        assert lv.point is not None and lv.point.utilisation is not None
+        assert 0 <= lv.point.utilisation <= 1
+    assert any(n == "level 1: GPU telemetry is simulated" for n in report.notes)
+    assert report.knee_limit == LIMIT
+    # Progress: a start and an end per level, counts climbing to the total.
+    level_events = [e for e in seen if e.phase == "level"]
+    assert {(e.level, e.done) for e in level_events if e.done == e.total} == {
+        (c, 8) for c in (1, 2, 4, 8)
+    }
+    assert level_events[-1].level_index == level_events[-1].levels_total == 4
+    doc = json.loads(report.to_json())
+    assert doc["knee"]["concurrency"] == LIMIT and doc["settings"]["admin_token"] == "***"
+    assert doc["levels"][0]["point"]["output_tok_s"] > 0
+
+
+async def test_document_prompts_fill_the_context(app: App):
+    report = await run_sweep(
+        settings(app, scenario="document", concurrency=(2,), requests_per_level=4, max_tokens=16)
+    )
+    (lv,) = report.levels
+    assert lv.ok == 4 and lv.documents == 4
+    room = MAX_MODEL_LEN - 16
+    assert lv.prompt_tokens_mean is not None and 0.8 * room <= lv.prompt_tokens_mean <= room
+
+
+async def test_mixed_sends_a_quarter_documents(app: App):
+    report = await run_sweep(
+        settings(app, scenario="mixed", concurrency=(4,), requests_per_level=8, max_tokens=4)
+    )
+    (lv,) = report.levels
+    assert (lv.ok, lv.documents) == (8, 2)
+    assert [is_document(i, "mixed", 0.25) for i in range(8)].count(True) == 2
+    # A mean between a short prompt (< 40 tokens) and a document (~200).
+    assert lv.prompt_tokens_mean is not None and 40 < lv.prompt_tokens_mean < 150
+
+
+async def test_tuning_runs_baseline_then_up_to_the_knee(app: App):
+    report = await run_tuning(
+        settings(app, requests_per_level=8), max_concurrency=32, slo=Slo(ttft_p99_s=5.0)
+    )
+    assert report.tuning is not None
+    assert [lv.concurrency for lv in report.levels] == [8, 16]  # 16 shows the flat curve
+    assert report.tuning.baseline is not None and report.tuning.baseline.concurrency == 8
+    assert report.tuning.recommended_limit == report.knee_limit == 8
+
+
+async def test_failures_are_counted_and_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    server, a = await _start(
+        tmp_path, concurrency_limit=1, queue_capacity={"realtime": 1, "interactive": 1, "batch": 1}
+    )
+    try:
+        report = await run_sweep(settings(a, concurrency=(1, 6), requests_per_level=6))
+    finally:
+        await server.close()
+    lv1, lv6 = report.levels
+    assert lv1.failed == 0
+    # One runs, one waits, the rest of the first wave gets 429 at once.
+    assert lv6.failed >= 3 and lv6.ok + lv6.failed == 6
+    assert any("HTTP 429" in e and "queue is full" in e for e in lv6.errors)
+    assert any(n.startswith("level 6: ") and "HTTP 429" in n for n in report.notes)
+
+
+async def test_stream_errors_become_failed_samples(app: App):
+    async with aiohttp.ClientSession() as s:
+        target = Target(app.url, "no-such-model", None, {})
+        sample = await stream_chat(s, target, "hello", 4)
+    assert not sample.ok and sample.status == 404 and "no-such-model" in (sample.error or "")
+    assert sample.ttft_s is None
+
+
+async def test_unreachable_endpoint_is_a_bench_error():
+    with pytest.raises(BenchError, match="not reachable"):
+        await run_sweep(BenchSettings(url=f"http://127.0.0.1:{free_port()}", concurrency=(1,)))
+
+
+def test_parse_status_reads_gpus_and_engine():
+    r = parse_status(
+        {
+            "engine": {"stats": {"kv_cache_usage_ratio": 0.4}},
+            "admission": {"limit": 12},
+            "telemetry": {
+                "gpus": [
+                    {"gpu_util_pct": 80.0, "energy_j": 100.0, "simulated": True},
+                    {"gpu_util_pct": 60.0, "energy_j": 50.0, "simulated": True},
+                ]
+            },
+        }
+    )
+    assert (r.kv_ratio, r.limit, r.util_pct, r.energy_j, r.simulated) == (
+        0.4,
+        12,
+        70.0,
+        150.0,
+        True,
+    )
+    r = parse_status({"telemetry": {"energy_total_j": 9.5, "gpus": [{"energy_j": 1e6}]}})
+    assert r.energy_j == 9.5 and not r.simulated  # the daemon's running total wins
+    empty = parse_status({})
+    assert (empty.kv_ratio, empty.limit, empty.util_pct, empty.energy_j) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"concurrency": (0, 2)}, "concurrency: each level must be >= 1"),
+        ({"concurrency": ()}, "concurrency: need at least one level"),
+        ({"concurrency": (2, 2)}, "concurrency: level 2 appears more than once"),
+        ({"requests_per_level": 0}, "requests-per-level: must be >= 1"),
+        ({"max_tokens": 0}, "max-tokens: must be >= 1"),
+        ({"scenario": "poetry"}, "scenario: must be one of chat, document, mixed"),
+        ({"url": "localhost:8000"}, "url: must start with http://"),
+    ],
+)
+def test_bad_settings_name_the_field(kw: dict, message: str):
+    base = {"url": "http://127.0.0.1:1"}
+    with pytest.raises(ValueError, match=message):
+        BenchSettings(**{**base, **kw})
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench_cmd.register(sub)
+    return parser
+
+
+async def test_cli_writes_json_and_a_png(app: App, tmp_path: Path, capsys: pytest.CaptureFixture):
+    png, out = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    args = _parser().parse_args(
+        [
+            "bench",
+            "--url",
+            app.url,
+            "--concurrency",
+            "4,1,2",
+            "--requests-per-level",
+            "4",
+            "--max-tokens",
+            "4",
+            "--token-file",
+            str(app.token_file),
+            "--json",
+            "--plot",
+            str(png),
+            "--output",
+            str(out),
+        ]
+    )
+    rc = await asyncio.to_thread(args.func, args)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    doc = json.loads(captured.out)
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2, 4]
+    assert doc["knee"]["concurrency"] in (1, 2, 4) and doc["pareto"]
+    assert json.loads(out.read_text()) == doc
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "level 4: done, 0 failed" in captured.err  # plain progress off a terminal
+
+
+async def test_cli_table_shows_knee_front_and_scores(app: App, capsys: pytest.CaptureFixture):
+    argv = ["--url", app.url, "--concurrency", "1,4", "--requests-per-level", "4"]
+    rc = await asyncio.to_thread(bench_cmd.main, [*argv, "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "TTFT p99" in out and "<- knee" in out and "Pareto front (*):" in out
+    assert "best score:" in out and "note: telemetry: no admin token" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--concurrency", "0"], "bench: concurrency: each level must be >= 1"),
+        (["--concurrency", "1,x"], "bench: concurrency: 'x' is not a whole number"),
+        (["--concurrency", "2,2"], "bench: concurrency: level 2 appears more than once"),
+        (["--requests-per-level", "0"], "bench: requests-per-level: must be >= 1, got 0"),
+        (["--max-tokens", "-1"], "bench: max-tokens: must be >= 1, got -1"),
+        (["--slo-ttft-s", "0"], "bench: slo-ttft-s: must be > 0, got 0.0"),
+        (["--token-file", "/nonexistent/token"], "bench: token-file: cannot read"),
+    ],
+)
+def test_cli_bad_input_exits_2_naming_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+):
+    rc = bench_cmd.main(["--url", "http://127.0.0.1:1", *argv])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_unreachable_exits_1(capsys: pytest.CaptureFixture):
+    rc = bench_cmd.main(["--url", f"http://127.0.0.1:{free_port()}", "--concurrency", "1"])
+    assert rc == 1 and "not reachable" in capsys.readouterr().err
+
+
+# -- goodput --------------------------------------------------------------------------------
+
+
+def test_arrivals_have_the_asked_rate_and_bursts():
+    for kind in goodput.ARRIVALS:
+        times = goodput.arrival_times(kind, rate_rps=20, duration_s=200, seed=3)
+        assert times == sorted(times) and times[0] >= 0 and times[-1] < 200
+        assert len(times) == pytest.approx(4000, rel=0.08)
+    bursty = goodput.arrival_times("bursty", rate_rps=20, duration_s=200, seed=3)
+    in_burst = sum((t % 10) < 2.5 for t in bursty)
+    # Hot quarter: (20 - 0.75 x 5) / 0.25 = 65 req/s for 50 s of the 200 -> ~81 % of arrivals.
+    assert in_burst / len(bursty) == pytest.approx(0.81, abs=0.04)
+    with pytest.raises(ValueError, match="arrival: must be one of poisson, bursty"):
+        goodput.arrival_times("steady", 1, 1)
+
+
+async def test_goodput_arm_counts_requests_within_the_slo(app: App):
+    plan = goodput.Plan(
+        rates=(2.0,),
+        arrivals=("poisson",),
+        slo=goodput.GoodputSlo(ttft_s=0.5, tpot_s=0.2),
+        duration_s=1.5,
+        drain_s=5.0,
+        max_tokens=4,
+        sweep_levels=(1, 2),
+    )
+    # Capacity of limit 4 x 4 tokens x 20 ms = 50 req/s; at "2x" of 5 req/s nothing queues.
+    async with aiohttp.ClientSession() as s:
+        daemon = goodput.Daemon(s, app.url, app.token)
+        results = await goodput.run_arm(s, app.url, "static", plan, 5.0, daemon, log=lambda m: None)
+    (r,) = results
+    assert r.sent == pytest.approx(15, abs=10) and r.good == r.ok == r.sent
+    assert r.goodput_rps == pytest.approx(r.sent / 1.5)
+    assert r.ttft_p99_s is not None and r.ttft_p99_s < 0.5
+
+
+async def test_goodput_against_a_url_without_the_controller_endpoint(app: App):
+    plan = goodput.Plan(
+        rates=(1.5,),
+        arrivals=("bursty",),
+        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
+        duration_s=1.0,
+        drain_s=5.0,
+        max_tokens=4,
+        sweep_levels=(1, 2, 4),
+    )
+    doc = await goodput.run_against_url(app.url, app.token, plan, {}, log=lambda m: None)
+    notes = "\n".join(doc["notes"])
+    assert "PUT /admin/controller answered 404" in notes
+    assert "controller: skipped" in notes and "unbounded: skipped" in notes
+    assert "as-is: measured the daemon with its configured limit 4" in notes
+    assert [r["arm"] for r in doc["runs"]] == ["static"]
+    assert doc["best_static"]["concurrency"] == 4 and doc["capacity_rps"] > 0
+    md = goodput.render_markdown(doc)
+    assert "| bursty | 1.5x | - | - |" in md

@@ -1,0 +1,216 @@
+"""The real APScheduler: a short trigger fires, misfires after downtime, the load guard,
+and job history that survives a restart of the store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.services.events import EventBus
+from appliance.services.store import StateStore
+from maintenance.config import MaintenanceConfig, cron_trigger
+from maintenance.scheduler import JobSpec, MaintenanceScheduler, UnknownJob, last_due_between
+
+
+def _cfg(**kw) -> MaintenanceConfig:
+    return MaintenanceConfig(**kw)
+
+
+async def test_real_scheduler_fires_a_short_trigger(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    fired: list[float] = []
+
+    async def job() -> dict:
+        fired.append(time.monotonic())
+        return {"n": len(fired)}
+
+    sched = MaintenanceScheduler(
+        _cfg(), [JobSpec("tick", "* * * * * *", True, job)], store, EventBus(), guard=lambda: None
+    )
+    sched.start()
+    try:
+        for _ in range(60):
+            if len(fired) >= 2:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        sched.shutdown()
+    assert len(fired) >= 2
+    runs = store.job_runs("tick")
+    assert runs and all(r.outcome == "ok" and r.trigger == "schedule" for r in runs)
+    info = sched.jobs_info()[0]
+    assert info["name"] == "tick" and info["history"][0]["details"]["n"] >= 1
+
+
+async def test_history_survives_a_store_restart(tmp_path: Path):
+    path = tmp_path / "a.db"
+    store = StateStore(path)
+
+    async def job() -> dict:
+        return {"ok": True}
+
+    sched = MaintenanceScheduler(
+        _cfg(), [JobSpec("j", "0 3 * * sun", True, job)], store, EventBus(), guard=lambda: None
+    )
+    assert await sched.run_job("j") == "ok"
+    store.close()
+    again = StateStore(path)
+    assert [r.outcome for r in again.job_runs("j")] == ["ok"]
+
+
+async def test_missed_run_within_grace_runs_once_at_start(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    # The daemon last ran the hourly job 2.5 hours ago and was down since.
+    run_id = store.start_job_run("hourly", "schedule")
+    store.finish_job_run(run_id, "ok", {})
+    with store._tx() as cur:
+        cur.execute("UPDATE job_runs SET started_s = ?", (time.time() - 2.5 * 3600,))
+    calls: list[int] = []
+
+    async def job() -> dict:
+        calls.append(1)
+        return {}
+
+    sched = MaintenanceScheduler(
+        _cfg(misfire_grace_s=3600),
+        [JobSpec("hourly", "0 * * * *", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: None,
+    )
+    sched.start()
+    try:
+        for _ in range(50):
+            if calls:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        sched.shutdown()
+    assert calls == [1]  # coalesced: two missed hours run once
+    assert store.job_runs("hourly")[0].trigger == "catch_up"
+
+
+async def test_missed_run_past_grace_is_recorded_as_missed(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    run_id = store.start_job_run("daily", "schedule")
+    store.finish_job_run(run_id, "ok", {})
+    with store._tx() as cur:
+        cur.execute("UPDATE job_runs SET started_s = ?", (time.time() - 3 * 86400,))
+    events = EventBus()
+
+    async def job() -> dict:
+        raise AssertionError("must not run")
+
+    sched = MaintenanceScheduler(
+        _cfg(misfire_grace_s=60),
+        [JobSpec("daily", "0 3 * * *", True, job)],
+        store,
+        events,
+        guard=lambda: None,
+    )
+    sched.start()
+    await asyncio.sleep(0.2)
+    sched.shutdown()
+    assert store.job_runs("daily")[0].outcome == "missed"
+    assert "job_missed" in [e.kind for e in events.recent()]
+
+
+async def test_load_guard_defers_then_runs(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    busy = ["realtime traffic present", "realtime traffic present", None]
+    outcomes: list[tuple[str, str]] = []
+    ran: list[int] = []
+
+    async def job() -> dict:
+        ran.append(1)
+        return {}
+
+    sched = MaintenanceScheduler(
+        _cfg(defer_retry_s=0.05, defer_max_retries=5),
+        [JobSpec("j", "0 3 * * sun", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: busy.pop(0) if busy else None,
+        on_outcome=lambda j, o: outcomes.append((j, o)),
+    )
+    sched.start()
+    try:
+        assert await sched.run_job("j", "schedule") == "deferred"
+        for _ in range(100):
+            if ran:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        sched.shutdown()
+    assert ran == [1]
+    assert [o for _, o in outcomes] == ["deferred", "deferred", "ok"]
+
+
+async def test_guard_gives_up_after_max_retries(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    events = EventBus()
+
+    async def job() -> dict:
+        raise AssertionError("must not run")
+
+    sched = MaintenanceScheduler(
+        _cfg(defer_max_retries=0),
+        [JobSpec("j", "0 3 * * sun", True, job)],
+        store,
+        events,
+        guard=lambda: "queue depth 9 > 4",
+    )
+    assert await sched.run_job("j", "schedule") == "skipped"
+    assert store.job_runs("j")[0].outcome == "skipped"
+    assert "job_skipped" in [e.kind for e in events.recent()]
+
+    # forced runs skip the guard
+    async def ok() -> dict:
+        return {}
+
+    sched2 = MaintenanceScheduler(
+        _cfg(), [JobSpec("k", "0 3 * * sun", True, ok)], store, events, guard=lambda: "busy"
+    )
+    assert await sched2.run_job("k", "forced") == "ok"
+
+
+async def test_failed_job_is_recorded_with_its_error(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+
+    async def boom() -> dict:
+        raise RuntimeError("disk full")
+
+    sched = MaintenanceScheduler(
+        _cfg(), [JobSpec("j", "0 3 * * sun", True, boom)], store, EventBus(), guard=lambda: None
+    )
+    assert await sched.run_job("j") == "failed"
+    run = store.job_runs("j")[0]
+    assert run.outcome == "failed" and run.error == "RuntimeError: disk full"
+    with pytest.raises(UnknownJob):
+        await sched.run_job("nope")
+
+
+def test_cron_validation_and_last_due():
+    from datetime import UTC, datetime
+
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        MaintenanceConfig(restart={"cron": "every sunday"}, timezone="Mars/Base")
+    text = str(err.value)
+    assert "restart.cron" in text.replace("\n", " ").replace(" ", ".") or "cron" in text
+    assert "Mars/Base" in text
+    trig = cron_trigger("0 3 * * sun", "UTC")
+    due = last_due_between(
+        trig, datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 20, tzinfo=UTC)
+    )
+    assert due == datetime(2026, 11, 15, 3, 0, tzinfo=UTC)
+    assert (
+        last_due_between(
+            trig, datetime(2026, 11, 16, tzinfo=UTC), datetime(2026, 11, 20, tzinfo=UTC)
+        )
+        is None
+    )

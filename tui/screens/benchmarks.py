@@ -1,0 +1,120 @@
+"""Benchmarks: throughput and P99 TTFT against concurrency, the knee marked; past runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Static
+
+from tui import fmt
+from tui.model import Model
+from tui.screens.base import ApplianceScreen
+
+BAR_WIDTH = 28
+
+
+def runs(payload: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Runs from /admin/benchmarks, newest first: {benchmarks: [...]} or a bare list."""
+    if not payload:
+        return []
+    found = payload.get("benchmarks", payload.get("runs", payload.get("items", [])))
+    return [r for r in found if isinstance(r, dict)]
+
+
+def _result(run: dict[str, Any]) -> dict[str, Any]:
+    result = run.get("result")
+    return result if isinstance(result, dict) else run
+
+
+def _scores(result: dict[str, Any]) -> dict[int, float]:
+    scores = result.get("scores")
+    if isinstance(scores, dict):
+        scores = scores.get("scores")
+    out: dict[int, float] = {}
+    for s in scores or []:
+        if isinstance(s, dict) and isinstance(s.get("score"), int | float):
+            out[int(s.get("concurrency", 0))] = float(s["score"])
+    return out
+
+
+def curve(result: dict[str, Any]) -> str:
+    """Text bars of throughput and P99 TTFT per concurrency level, the knee marked."""
+    points = sorted(
+        (p for p in result.get("points") or [] if isinstance(p, dict)),
+        key=lambda p: p.get("concurrency", 0),
+    )
+    if not points:
+        return "no sweep points in this run"
+    knee = fmt.get(result, "knee", "concurrency")
+    pareto = set(result.get("pareto") or result.get("pareto_front") or [])
+    scores = _scores(result)
+    top_tok = max(float(p.get("output_tok_s") or 0) for p in points) or 1.0
+    top_p99 = max(float(p.get("ttft_p99_s") or 0) for p in points) or 1.0
+    lines = [" conc   tok/s  throughput" + " " * (BAR_WIDTH - 10) + "  p99 TTFT  score"]
+    for p in points:
+        conc = p.get("concurrency")
+        tok = float(p.get("output_tok_s") or 0)
+        p99 = float(p.get("ttft_p99_s") or 0)
+        bar = "█" * max(1, round(tok / top_tok * BAR_WIDTH))
+        lat = "▮" * max(1, round(p99 / top_p99 * 8))
+        mark = "◆" if conc == knee else ("·" if conc in pareto else " ")
+        score = scores.get(int(conc or 0))
+        lines.append(
+            f"{mark}{conc:>4} {tok:>7.1f}  {bar:<{BAR_WIDTH}}  {fmt.seconds(p99):>8} "
+            f"{lat:<8} {fmt.num(score, '', 2)}"
+        )
+    reason = fmt.get(result, "knee", "reason") or result.get("reason") or ""
+    lines.append(f"◆ knee at {fmt.num(knee)}   · Pareto front   {reason}"[:120])
+    if result.get("recommended_limit") is not None:
+        lines.append(f"recommended limit {result['recommended_limit']}")
+    return "\n".join(lines)
+
+
+class BenchmarksScreen(ApplianceScreen):
+    """Pick a run on the left; its curve shows on the right."""
+
+    TITLE_TEXT = "Benchmarks"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("", id="bench-note")
+        with Horizontal(id="bench"):
+            yield DataTable(id="runs", cursor_type="row")
+            yield Static("", id="curve", classes="panel")
+
+    def on_mount(self) -> None:
+        self.query_one("#runs", DataTable).add_columns("when", "source", "knee", "limit")
+        self.query_one("#curve", Static).border_title = "throughput / P99 vs concurrency"
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        self.tui.load_benchmarks()
+
+    def show(self, model: Model) -> None:
+        found = runs(model.benchmarks)
+        self.query_one("#bench-note", Static).update(
+            model.benchmarks_error or ("" if found else "no benchmark runs stored")
+        )
+        table = self.query_one("#runs", DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        for run in found:
+            result = _result(run)
+            table.add_row(
+                fmt.when(run.get("ts_s")),
+                str(run.get("source", ""))[:10],
+                fmt.num(fmt.get(result, "knee", "concurrency")),
+                fmt.num(result.get("recommended_limit")),
+            )
+        if found:
+            row = min(cursor, len(found) - 1)
+            table.move_cursor(row=row)
+            self.query_one("#curve", Static).update(curve(_result(found[row])))
+        else:
+            self.query_one("#curve", Static).update("")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        found = runs(self.tui.model.benchmarks)
+        if 0 <= event.cursor_row < len(found):
+            self.query_one("#curve", Static).update(curve(_result(found[event.cursor_row])))

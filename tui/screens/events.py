@@ -1,0 +1,65 @@
+"""The event stream (derates, restarts, controller moves, jobs, errors), filterable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Input
+
+from tui import fmt
+from tui.model import Model
+from tui.screens.base import ApplianceScreen
+
+ROWS_SHOWN = 300
+
+
+def matches(event: dict[str, Any], words: list[str]) -> bool:
+    """True when every word occurs in the event's kind, reason or data."""
+    if not words:
+        return True
+    text = f"{event.get('kind', '')} {event.get('reason', '')} {json.dumps(event.get('data'))}"
+    text = text.lower()
+    return all(w in text for w in words)
+
+
+class EventsScreen(ApplianceScreen):
+    """Newest at the bottom; the filter narrows by kind or any word."""
+
+    TITLE_TEXT = "Events"
+
+    def compose_body(self) -> ComposeResult:
+        yield Input(placeholder="filter: kind or words, e.g. thermal", id="filter")
+        yield DataTable(id="events", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_column("time", width=8)
+        table.add_column("#", width=5)
+        table.add_column("kind", width=18)
+        table.add_column("reason")
+        self._shown = -1
+        self._filter: list[str] = []
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self._filter = event.value.lower().split()
+        self._shown = -1  # redraw everything under the new filter
+        self.show(self.tui.model)
+
+    def show(self, model: Model) -> None:
+        events = [e for e in model.events if matches(e, self._filter)][-ROWS_SHOWN:]
+        if len(events) == self._shown:
+            return  # nothing new: leave the table (and the cursor) alone
+        table = self.query_one(DataTable)
+        table.clear()
+        for e in events:
+            table.add_row(
+                fmt.clock(e.get("ts_s")),
+                str(e.get("seq", "")),
+                str(e.get("kind", "")),
+                str(e.get("reason", "")),
+            )
+        self._shown = len(events)
+        if events:
+            table.move_cursor(row=len(events) - 1)

@@ -1,0 +1,32 @@
+"""The key map."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """\
+[b]Screens[/]   d dashboard   e events   c controls   j maintenance jobs   b benchmarks
+[b]Engine[/]    p pause admission   r resume   R graceful restart (asks first)
+[b]Events[/]    type in the filter box: kinds or words to match (e.g. thermal)
+[b]Jobs[/]      enter on a job: run it now (asks first)
+[b]Any[/]       g refresh now   ? this help   q quit
+
+Live updates come from /admin/events (SSE); /admin/status is polled as well.
+When the daemon is down a red banner says so and the console reconnects by itself.
+The admin token: --token-file, else $APPLIANCE_ADMIN_TOKEN, else ./state/admin.token.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Key bindings and where things come from."""
+
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help"):
+            yield Static(HELP)
+            yield Static("[dim]escape closes[/]")
