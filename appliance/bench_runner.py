@@ -188,6 +188,9 @@ class BenchReport:
     slo: Slo | None
     tuning: TuningResult | None
     notes: tuple[str, ...]
+    # The daemon's own limit when it capped a level at or below the knee: the sweep then
+    # measured that limit, not the engine, and its knee must not become the ceiling.
+    capped_by_daemon_limit: int | None = None
 
     @property
     def points(self) -> list[SweepPoint]:
@@ -196,7 +199,13 @@ class BenchReport:
 
     @property
     def knee_limit(self) -> int | None:
-        """The ceiling to hand to the controller: the tuning's limit, else the knee."""
+        """The ceiling to hand to the controller (the tuning's limit, else the knee).
+
+        None when the daemon's own limit capped the sweep at the knee: a ceiling learnt from
+        a capped sweep would only ever confirm the cap.
+        """
+        if self.capped_by_daemon_limit is not None:
+            return None
         if self.tuning is not None:
             return self.tuning.recommended_limit
         return self.knee.concurrency if self.knee else None
@@ -219,6 +228,7 @@ class BenchReport:
             "slo": asdict(self.slo) if self.slo else None,
             "tuning": self.tuning.to_dict() if self.tuning else None,
             "notes": list(self.notes),
+            "capped_by_daemon_limit": self.capped_by_daemon_limit,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -792,6 +802,21 @@ def _assemble(
         if tel and tel.simulated:
             notes.append(f"level {lv.concurrency}: GPU telemetry is simulated")
     knee = find_knee(points, slo) if points else None
+    caps = [
+        lv.telemetry.daemon_limit_max
+        for lv in levels
+        if lv.telemetry is not None
+        and lv.telemetry.daemon_limit_max is not None
+        and lv.telemetry.daemon_limit_max < lv.concurrency
+    ]
+    capped = min(caps) if caps else None
+    if capped is not None and knee is not None and knee.concurrency >= capped:
+        notes.append(
+            f"knee {knee.concurrency} not used as a ceiling: the daemon's limit {capped} capped "
+            "the sweep there (raise it, e.g. manual mode with a high limit, and re-run)"
+        )
+    else:
+        capped = None
     pareto = tuple(p.concurrency for p in pareto_front(points)) if points else ()
     scores = weighted_score(points, weights) if points else None
     return BenchReport(
@@ -809,6 +834,7 @@ def _assemble(
         slo=slo,
         tuning=tuning,
         notes=tuple(dict.fromkeys(notes)),
+        capped_by_daemon_limit=capped,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from appliance.domain.controller import ControllerConfig
 from appliance.errors import ConfigError
 from appliance.telemetry_config import TelemetryConfig, ThermalConfig
 from maintenance.config import MaintenanceConfig
@@ -86,6 +87,40 @@ class SloConfig(_Section):
     tpot_p99_s: float = Field(0.5, gt=0, le=60)
 
 
+class ControllerSettings(_Section):
+    """The batch controller: auto steers the limit to the SLO; manual holds `limit`."""
+
+    mode: Literal["auto", "manual"] = "auto"
+    min_limit: int = Field(1, ge=1, le=4096)
+    # None: engine.max_num_seqs (the engine cannot run more anyway).
+    max_limit: int | None = Field(None, ge=1, le=4096)
+    tick_s: float = Field(2.0, gt=0, le=3600)
+    window_s: float = Field(30.0, gt=0, le=86400)
+    min_samples: int = Field(8, ge=1, le=100_000)
+    kv_high_ratio: float = Field(0.9, gt=0, le=1)
+    decrease_factor: float = Field(0.75, gt=0, lt=1)
+    increase_step: int = Field(1, ge=1, le=1024)
+
+    def to_policy(self, slo: SloConfig, max_num_seqs: int) -> ControllerConfig:
+        """The pure policy's frozen config."""
+        max_limit = self.max_limit or max_num_seqs
+        if max_limit < self.min_limit:
+            raise ValueError(f"controller.max_limit {max_limit} < min_limit {self.min_limit}")
+        return ControllerConfig(
+            slo_ttft_p99_s=slo.ttft_p99_s,
+            slo_tpot_p99_s=slo.tpot_p99_s,
+            min_limit=self.min_limit,
+            max_limit=max_limit,
+            tick_s=self.tick_s,
+            window_s=self.window_s,
+            min_samples=self.min_samples,
+            kv_high_ratio=self.kv_high_ratio,
+            kv_probe_max_ratio=min(0.8, self.kv_high_ratio),
+            decrease_factor=self.decrease_factor,
+            increase_step=self.increase_step,
+        )
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -99,6 +134,7 @@ class Config(_Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     thermal: ThermalConfig = ThermalConfig()
     slo: SloConfig = SloConfig()
+    controller: ControllerSettings = ControllerSettings()
     maintenance: MaintenanceConfig = MaintenanceConfig()
     logging: LoggingConfig = LoggingConfig()
 

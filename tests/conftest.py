@@ -118,6 +118,10 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
         # simulated GPU peaks near 81 °C at full load and never derates the other tests.
         "telemetry": {"source": "sim", "interval_s": 0.5, "sim": {"time_constant_s": 3}},
         "thermal": {"dwell_s": 3, "step_interval_s": 2},
+        # Manual: the tests expect the limit they configured; the controller test switches
+        # to auto itself.
+        "controller": {"mode": "manual", "tick_s": 1, "window_s": 10, "min_samples": 4},
+        "slo": {"ttft_p99_s": 4.0, "tpot_p99_s": 1.0},
         # Small maintenance loads so the jobs can run inside the suite.
         "maintenance": {
             "history_interval_s": 1,

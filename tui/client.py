@@ -110,7 +110,7 @@ class AdminClient:
     def _sess(self) -> aiohttp.ClientSession:
         # Created lazily: a ClientSession must be made inside the running event loop.
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers=self._headers())
+            self._session = aiohttp.ClientSession()
         return self._session
 
     async def close(self) -> None:
@@ -135,7 +135,12 @@ class AdminClient:
     ) -> dict[str, Any]:
         try:
             async with self._sess().request(
-                method, self.url + path, json=json_body, params=params, timeout=self._timeout
+                method,
+                self.url + path,
+                json=json_body,
+                params=params,
+                headers=self._headers(),
+                timeout=self._timeout,
             ) as resp:
                 text = await resp.text()
                 try:
@@ -173,7 +178,10 @@ class AdminClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=45)
         try:
             async with self._sess().get(
-                self.url + "/admin/events", params={"history": str(history)}, timeout=timeout
+                self.url + "/admin/events",
+                params={"history": str(history)},
+                headers=self._headers(),
+                timeout=timeout,
             ) as resp:
                 if resp.status >= 400:
                     try:

@@ -76,8 +76,57 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
             "max_model_len": svc.config.engine.max_model_len,
         },
         "telemetry": telemetry_snapshot(svc),
+        "controller": svc.controller.snapshot(),
+        "latency": _latency_snapshot(svc),
         "events": [e.to_dict() for e in svc.events.recent(20)],
     }
+
+
+def _latency_snapshot(svc: Services) -> dict[str, Any]:
+    stats = svc.latency.stats(time.monotonic(), min_samples=1)
+    return {
+        "window_s": svc.latency.window_s,
+        "requests": stats.count,
+        "ttft_p50_s": stats.ttft_p50_s,
+        "ttft_p99_s": stats.ttft_p99_s,
+        "tpot_p50_s": stats.tpot_p50_s,
+        "tpot_p99_s": stats.tpot_p99_s,
+    }
+
+
+@routes.put("/admin/controller")
+async def put_controller(request: web.Request) -> web.Response:
+    """Set the controller: {mode: auto|manual, limit, min, max} (each optional)."""
+    svc = request.app[SERVICES]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("body: not valid JSON", param="body") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object", param="body")
+    unknown = set(body) - {"mode", "limit", "min", "max"}
+    if unknown:
+        raise BadRequest(
+            f"{sorted(unknown)[0]}: unknown field; allowed: mode, limit, min, max",
+            param=sorted(unknown)[0],
+        )
+    if "mode" in body and body["mode"] not in ("auto", "manual"):
+        raise BadRequest(f"mode: must be 'auto' or 'manual', got {body['mode']!r}", param="mode")
+    ints: dict[str, int | None] = {}
+    for key in ("limit", "min", "max"):
+        value = body.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096
+        ):
+            raise BadRequest(f"{key}: must be an integer between 1 and 4096", param=key)
+        ints[key] = value
+    try:
+        svc.controller.configure(
+            mode=body.get("mode"), limit=ints["limit"], min_limit=ints["min"], max_limit=ints["max"]
+        )
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="max") from None
+    return web.json_response(svc.controller.snapshot())
 
 
 def telemetry_snapshot(svc: Services) -> dict[str, Any]:

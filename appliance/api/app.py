@@ -16,6 +16,7 @@ from appliance.api import admin, health, maintenance, openai
 from appliance.api.errors import Handler, error_middleware
 from appliance.api.keys import SERVICES, Services
 from appliance.config import Config, served_model_name
+from appliance.domain.controller import ControlMode
 from appliance.domain.gpu_sample import Telemetry
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.thermal import ThermalDecision, ThermalLevel
@@ -24,6 +25,7 @@ from appliance.logs import request_id_var
 from appliance.ports import EngineFactory, Tokenizer
 from appliance.services.admin_token import load_or_create_admin_token
 from appliance.services.admission import LANE_NAMES, AdmissionQueue
+from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
 from appliance.services.metrics import Metrics
 from appliance.services.store import StateStore
@@ -85,6 +87,18 @@ def build_services(
         telemetry, cfg.thermal.to_policy(), cfg.telemetry.interval_s, on_decision=on_decision
     )
     store = StateStore(cfg.state_dir / "appliance.db")
+    latency = LatencyWindow(window_s=max(60.0, cfg.controller.window_s))
+    holder: dict[str, Services] = {}
+    controller = ControlLoop(
+        cfg.controller.to_policy(cfg.slo, cfg.engine.max_num_seqs),
+        ControlMode(cfg.controller.mode),
+        admission,
+        latency,
+        kv_usage=lambda: _kv_usage(supervisor),
+        ceiling=lambda: holder["svc"].ceiling if "svc" in holder else None,
+        events=events,
+        record=store.add_decision,
+    )
     events.add_sink(lambda e: store.add_event(e.ts_s, e.kind, e.reason, e.data))
     svc = Services(
         config=cfg,
@@ -99,13 +113,22 @@ def build_services(
         admin_token=load_or_create_admin_token(cfg.state_dir / cfg.server.admin_token_file),
         started_at_s=time.time(),
         store=store,
-        latency=LatencyWindow(window_s=60.0),
+        latency=latency,
+        controller=controller,
         slo_ttft_p99_s=cfg.slo.ttft_p99_s,
         slo_tpot_p99_s=cfg.slo.tpot_p99_s,
     )
+    holder["svc"] = svc
     _wire_metrics(svc)
     svc.metrics.add_collector(TelemetryCollector(telemetry_loop))
     return svc
+
+
+def _kv_usage(supervisor: EngineSupervisor) -> float:
+    try:
+        return supervisor.engine.stats().kv_cache_usage_ratio
+    except Exception:
+        return 0.0
 
 
 def _engine_load(supervisor: EngineSupervisor, admission: AdmissionQueue) -> float:
@@ -166,9 +189,17 @@ def build_app(
     # Start order: telemetry first (derating applies from the first request), then the engine.
     app.cleanup_ctx.append(_telemetry_ctx)
     app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(_controller_ctx)
     app.cleanup_ctx.append(maintenance.maintenance_ctx)
     app.cleanup_ctx.append(_store_ctx)
     return app
+
+
+async def _controller_ctx(app: web.Application) -> AsyncIterator[None]:
+    svc = app[SERVICES]
+    await svc.controller.start()
+    yield
+    await svc.controller.stop()
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ from appliance.domain.latency_window import LatencyWindow
 from appliance.ports import Tokenizer
 from appliance.precheck import CheckResult
 from appliance.services.admission import AdmissionQueue
+from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
 from appliance.services.history import HistorySampler
 from appliance.services.metrics import Metrics
@@ -39,6 +40,7 @@ class Services:
     admin_token: str
     started_at_s: float
     store: StateStore
+    controller: ControlLoop
     latency: LatencyWindow
     slo_ttft_p99_s: float
     slo_tpot_p99_s: float

@@ -100,6 +100,9 @@ def apply_thresholds(svc: Services, t: Thresholds) -> None:
         loop.policy_cfg, derate_core_c=t.derate_core_c, protect_mem_c=t.protect_mem_c
     )
     svc.slo_ttft_p99_s, svc.slo_tpot_p99_s = t.slo_ttft_p99_s, t.slo_tpot_p99_s
+    svc.controller.cfg = dataclasses.replace(
+        svc.controller.cfg, slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tpot_p99_s=t.slo_tpot_p99_s
+    )
 
 
 def build_scheduler(svc: Services) -> MaintenanceScheduler:

@@ -220,9 +220,7 @@ def _make_progress() -> _PlainProgress | _RichProgress:
     return _PlainProgress()
 
 
-def bench_result(
-    args: argparse.Namespace, progress: ProgressFn | None = None
-) -> tuple[BenchReport, BenchSettings]:
+def bench_result(args: argparse.Namespace, progress: ProgressFn | None = None) -> BenchReport:
     """Run what the arguments ask for and return the report (raises ValueError, BenchError)."""
     settings, slo = settings_from_args(args)
     if args.tune:
@@ -235,7 +233,7 @@ def bench_result(
         )
     else:
         coro = run_sweep(settings, slo, progress=progress)
-    return asyncio.run(coro), settings
+    return asyncio.run(coro)
 
 
 def _s(value: float | None) -> str:
@@ -343,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     """0 when the sweep ran, 1 when the endpoint failed it, 2 on bad input."""
     progress = _make_progress()
     try:
-        report, _ = bench_result(args, progress)
+        report = bench_result(args, progress)
     except ValueError as exc:
         progress.close()
         print(f"bench: {exc}", file=sys.stderr)

@@ -33,9 +33,10 @@ def test_bench_sweep_completes_with_sane_numbers(daemon: Daemon, tmp_path: Path)
         daemon.url,
         "--concurrency",
         "1,4,16",
-        # Small on purpose: ~30 tok/s at batch 1 on this CPU; the whole sweep takes ~15 s.
+        # Small on purpose: ~30 tok/s at batch 1 on an idle box, a third of that while other
+        # tests share its 2 cores; the sweep takes 15-45 s.
         "--requests-per-level",
-        "8",
+        "4",
         "--max-tokens",
         "16",
         "--token-file",
@@ -56,19 +57,24 @@ def test_bench_sweep_completes_with_sane_numbers(daemon: Daemon, tmp_path: Path)
     levels = {lv["concurrency"]: lv for lv in doc["levels"]}
     assert sorted(levels) == [1, 4, 16]
     for c, lv in levels.items():
-        assert lv["failed"] == 0 and lv["ok"] == max(8, c), lv["errors"]
+        assert lv["failed"] == 0 and lv["ok"] == max(4, c), lv["errors"]
         assert 0 < lv["output_tokens"] <= 16 * lv["ok"]  # the model may stop before 16
         p = lv["point"]
         assert 0 < p["ttft_p50_s"] <= p["ttft_p99_s"] <= p["e2e_p99_s"] < 120
         assert 0.002 < p["tpot_p50_s"] < 1.0  # FACTS.md: ~30 ms/token at batch 1
-        assert p["output_tok_s"] > 0 and p["request_per_s"] > 0
+        # The rates are the counts over the level's wall time.
+        assert p["output_tok_s"] * lv["duration_s"] == pytest.approx(lv["output_tokens"])
+        assert p["request_per_s"] * lv["duration_s"] == pytest.approx(lv["ok"])
+        # A closed loop of c workers: the level lasts at least its slowest request.
+        assert lv["duration_s"] >= p["e2e_p99_s"] * 0.99
         tel = lv["telemetry"]
         assert tel is not None and tel["readings"] >= 2
         assert 0 <= tel["kv_cache_usage_max_ratio"] <= 1
     tok = {c: levels[c]["point"]["output_tok_s"] for c in levels}
-    # Batching pays on this engine (31 -> 192 tok/s from batch 1 to 8 offline); even on a
-    # busy 2-core box 4 streams must beat one clearly.
-    assert tok[4] > 1.3 * tok[1], tok
+    # Batching pays on this engine (31 -> 192 tok/s from batch 1 to 8 offline); on a 2-core
+    # box shared with other tests the gain shrinks (1.3x was seen), but it never turns into
+    # a loss.
+    assert tok[4] > tok[1], tok
     # At 16 the daemon's limit (8 in the test config) holds the rest in its queue: TTFT grows.
     assert levels[16]["point"]["ttft_p99_s"] > levels[1]["point"]["ttft_p50_s"]
     assert doc["knee"]["concurrency"] in (1, 4, 16) and doc["knee"]["reason"]

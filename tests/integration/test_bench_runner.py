@@ -147,7 +147,9 @@ async def test_sweep_numbers_are_sane_and_the_knee_is_the_daemon_limit(app: App)
         assert lv.point is not None and lv.point.utilisation is not None
         assert 0 <= lv.point.utilisation <= 1
     assert any(n == "level 1: GPU telemetry is simulated" for n in report.notes)
-    assert report.knee_limit == LIMIT
+    # A knee found at the daemon's own cap says nothing about the engine: no ceiling from it.
+    assert report.capped_by_daemon_limit == LIMIT and report.knee_limit is None
+    assert any(n.startswith("knee 4 not used as a ceiling") for n in report.notes)
     # Progress: a start and an end per level, counts climbing to the total.
     level_events = [e for e in seen if e.phase == "level"]
     assert {(e.level, e.done) for e in level_events if e.done == e.total} == {
@@ -187,7 +189,8 @@ async def test_tuning_runs_baseline_then_up_to_the_knee(app: App):
     assert report.tuning is not None
     assert [lv.concurrency for lv in report.levels] == [8, 16]  # 16 shows the flat curve
     assert report.tuning.baseline is not None and report.tuning.baseline.concurrency == 8
-    assert report.tuning.recommended_limit == report.knee_limit == 8
+    assert report.tuning.recommended_limit == 8
+    assert report.knee_limit is None and report.capped_by_daemon_limit == LIMIT
 
 
 async def test_failures_are_counted_and_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -24,7 +26,9 @@ The admin token: --token-file, else $APPLIANCE_ADMIN_TOKEN, else ./state/admin.t
 class HelpScreen(ModalScreen[None]):
     """Key bindings and where things come from."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("escape,q,question_mark", "app.pop_screen", "Close")
+    ]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):

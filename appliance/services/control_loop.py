@@ -1,0 +1,174 @@
+"""The batch controller loop: every tick, the pure policy picks the base concurrency limit
+from live latency, KV usage, queue depth, derating and the benchmark's knee."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from appliance.domain.controller import (
+    ControlDecision,
+    ControlInputs,
+    ControllerConfig,
+    ControlMode,
+    decide,
+    initial_state,
+)
+from appliance.domain.latency_window import LatencyWindow
+from appliance.services.admission import AdmissionQueue
+from appliance.services.events import EventBus
+
+log = logging.getLogger("appliance.controller")
+
+
+class ControlLoop:
+    """Owns the controller state; the admin API changes its mode and bounds."""
+
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        mode: ControlMode,
+        admission: AdmissionQueue,
+        latency: LatencyWindow,
+        kv_usage: Callable[[], float],
+        ceiling: Callable[[], int | None],
+        events: EventBus,
+        record: Callable[[float, int, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.mode = mode
+        self.manual_limit = admission.base_limit
+        self._admission = admission
+        self._latency = latency
+        self._kv_usage = kv_usage
+        self._ceiling = ceiling
+        self._events = events
+        self._record = record
+        self._clock = clock
+        self.state = initial_state()
+        self.last: ControlDecision | None = None
+        self.decisions: list[dict[str, Any]] = []  # the recent changes, for status views
+        self._task: asyncio.Task[None] | None = None
+
+    def configure(
+        self,
+        *,
+        mode: str | None = None,
+        limit: int | None = None,
+        min_limit: int | None = None,
+        max_limit: int | None = None,
+    ) -> None:
+        """Change mode, manual limit or bounds (validated by ControllerConfig); tick now."""
+        new_cfg = self.cfg
+        if min_limit is not None or max_limit is not None:
+            new_cfg = dataclasses.replace(
+                self.cfg,
+                min_limit=self.cfg.min_limit if min_limit is None else min_limit,
+                max_limit=self.cfg.max_limit if max_limit is None else max_limit,
+            )
+        new_mode = ControlMode(mode) if mode is not None else self.mode
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit: must be >= 1, got {limit}")
+        self.cfg, self.mode = new_cfg, new_mode
+        if limit is not None:
+            self.manual_limit = limit
+        self._events.emit(
+            "controller_config",
+            f"controller set to {self.mode.value}, limit "
+            f"{self.manual_limit}, bounds [{self.cfg.min_limit}, {self.cfg.max_limit}]",
+            mode=self.mode.value,
+            limit=self.manual_limit,
+            min=self.cfg.min_limit,
+            max=self.cfg.max_limit,
+        )
+        self.tick()
+
+    def tick(self) -> ControlDecision:
+        """One decision, applied to the admission queue when it changes the limit."""
+        now = self._clock()
+        since = self.state.last_change_s
+        stats = self._latency.stats(now, min_samples=self.cfg.min_samples, since_s=since)
+        snap = self._admission.snapshot()
+        inputs = ControlInputs(
+            now_s=now,
+            current_limit=snap.base_limit,
+            ttft_p99_s=stats.ttft_p99_s,
+            tpot_p99_s=stats.tpot_p99_s,
+            requests_in_window=stats.count,
+            kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
+            queue_depth=snap.queued,
+            in_flight=snap.in_flight,
+            derate_factor=snap.derate_factor,
+            protect=snap.protect,
+            knee_limit=self._ceiling(),
+            mode=self.mode,
+            manual_limit=self.manual_limit if self.mode is ControlMode.MANUAL else None,
+        )
+        d = decide(self.cfg, inputs, self.state)
+        self.state, self.last = d.state, d
+        if d.base_limit != snap.base_limit:
+            self._admission.set_limit(d.base_limit)
+        if d.changed:
+            entry = {
+                "ts_s": time.time(),
+                "limit": d.limit,
+                "base_limit": d.base_limit,
+                "action": d.action.value,
+                "reason": d.reason,
+            }
+            self.decisions = [*self.decisions[-19:], entry]
+            self._events.emit(
+                "controller",
+                d.reason,
+                limit=d.limit,
+                base_limit=d.base_limit,
+                action=d.action.value,
+            )
+            if self._record is not None:
+                self._record(entry["ts_s"], d.limit, d.reason)
+        return d
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="controller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.tick_s)
+            try:
+                self.tick()
+            except Exception:  # a bad tick must not stop the controller for good
+                log.exception("controller tick failed")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Mode, bounds, the last decision and the recent changes."""
+        return {
+            "mode": self.mode.value,
+            "manual_limit": self.manual_limit,
+            "min": self.cfg.min_limit,
+            "max": self.cfg.max_limit,
+            "slo_ttft_p99_s": self.cfg.slo_ttft_p99_s,
+            "slo_tpot_p99_s": self.cfg.slo_tpot_p99_s,
+            "ceiling": self._ceiling(),
+            "last": None
+            if self.last is None
+            else {
+                "limit": self.last.limit,
+                "base_limit": self.last.base_limit,
+                "action": self.last.action.value,
+                "reason": self.last.reason,
+            },
+            "decisions": list(self.decisions),
+        }

@@ -1,0 +1,350 @@
+"""The console driven through Pilot against the real HTTP app (fake engine) on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from textual.pilot import Pilot
+from textual.widget import Widget
+
+from appliance.api.app import build_app as build_daemon
+from appliance.api.keys import SERVICES, Services
+from appliance.config import parse_config
+from bench.servers import free_port
+from tests.fakes import FakeEngine, WordTokenizer
+from tui.app import ApplianceTui, build_app
+from tui.client import AdminClient, resolve_token
+from tui.model import Link
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+
+MODEL = "fake-model"
+
+
+def daemon_config(state_dir: Path) -> Any:
+    """A small, fast config: fake engine, simulated GPU sampled often."""
+    return parse_config(
+        {
+            "state_dir": str(state_dir),
+            "engine": {
+                "served_model_name": MODEL,
+                "max_model_len": 64,
+                "max_tokens_default": 8,
+                "drain_timeout_s": 5,
+                "health_interval_s": 0.05,
+                "restart_backoff_initial_s": 0.01,
+                "restart_backoff_max_s": 0.05,
+            },
+            "admission": {"concurrency_limit": 2, "max_queue_wait_s": 5},
+            "telemetry": {"source": "sim", "interval_s": 0.2},
+        }
+    )
+
+
+@dataclass
+class Live:
+    """A running daemon app on a real TCP port."""
+
+    server: TestServer
+    url: str
+    token_file: Path
+    engines: list[FakeEngine]
+
+    @property
+    def app(self) -> web.Application:
+        return self.server.app
+
+    @property
+    def svc(self) -> Services:
+        return self.server.app[SERVICES]
+
+    def client(self) -> AdminClient:
+        return AdminClient(self.url, resolve_token(self.token_file))
+
+
+async def start_live(state_dir: Path, port: int | None = None) -> Live:
+    """Start the daemon app on 127.0.0.1 and wait until it admits."""
+    engines: list[FakeEngine] = []
+
+    def factory() -> FakeEngine:
+        engines.append(FakeEngine(token_delay_s=0.005, start_delay_s=0.05, max_model_len=64))
+        return engines[-1]
+
+    app = build_daemon(daemon_config(state_dir), factory, WordTokenizer())
+    server = TestServer(app, host="127.0.0.1", port=port)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as s:
+        for _ in range(500):
+            async with s.get(url + "/health/ready") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.01)
+    return Live(server, url, state_dir / "admin.token", engines)
+
+
+@pytest.fixture
+async def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Live]:
+    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
+    running = await start_live(tmp_path)
+    yield running
+    await running.server.close()
+
+
+def text(widget: Widget) -> str:
+    """What a widget shows, without markup."""
+    return str(widget.render())
+
+
+async def until(pilot: Pilot[Any], cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Let the app run until cond() holds."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await pilot.pause(0.05)
+
+
+def record_notifications(app: ApplianceTui) -> list[str]:
+    """Keep every notification's text (and still show it)."""
+    seen: list[str] = []
+    real = app.notify
+
+    def notify(message: str, **kw: Any) -> None:
+        seen.append(f"{kw.get('title', '')}: {message}")
+        real(message, **kw)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return seen
+
+
+def tui(client: Any, refresh_s: float = 0.2, **kw: Any) -> ApplianceTui:
+    return build_app(client, refresh_s=refresh_s, backoff_initial_s=0.1, backoff_max_s=0.3, **kw)
+
+
+def has_route(app: web.Application, path: str) -> bool:
+    return any(r.resource is not None and r.resource.canonical == path for r in app.router.routes())
+
+
+async def chat(live: Live, n: int = 3) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(n):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 6,
+            }
+            async with s.post(live.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+
+
+async def test_dashboard_shows_the_live_daemon(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await until(pilot, lambda: bool(app.screen.query("GpuPanel")))
+        screen = app.screen
+        assert not screen.query_one("#banner").display
+        title = text(screen.query_one("#title"))
+        assert "SIMULATED" in title and live.url in title
+        assert "READY" in text(screen.query_one("#engine-state"))
+        queues = text(screen.query_one("#queues"))
+        assert "realtime" in queues and "batch" in queues
+        assert "limit 2" in text(screen.query_one("#controller"))
+        await until(pilot, lambda: "°C/90°C" in text(screen.query_one("#core .spark-value")))
+        # Tokens/s and TTFT come from successive /metrics scrapes.
+        await chat(live)
+        await until(pilot, lambda: any(v > 0 for v in app.model.tokens_per_s))
+        await until(pilot, lambda: "n/a" not in text(screen.query_one("#ttft .spark-value")))
+        assert len(app.model.gpus[0].core_c) >= 2
+
+
+async def test_events_stream_live_and_filter(live: Live) -> None:
+    app = tui(live.client(), refresh_s=30)  # slow polls: what arrives comes over SSE
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("e")
+        await until(pilot, lambda: app.model.connection.events_live)
+        table = app.screen.query_one("#events")
+        await until(pilot, lambda: table.row_count >= 3)
+        live.svc.events.emit("thermal", "gpu0 core 91 °C vs derate 85 °C: derate", level="derate")
+        await until(pilot, lambda: any(e["kind"] == "thermal" for e in app.model.events), 3)
+        await until(pilot, lambda: table.row_count == len(app.model.events))
+        await pilot.click("#filter")
+        await pilot.press(*"thermal")
+        await until(pilot, lambda: table.row_count == 1)
+        assert "derate" in str(table.get_row_at(0)[3])
+        await pilot.press(*" nothing-like-this")
+        await until(pilot, lambda: table.row_count == 0)
+
+
+async def test_pause_and_resume_with_feedback(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("c")
+        await pilot.click("#pause")
+        await until(pilot, lambda: live.svc.supervisor.state.value == "paused")
+        await until(pilot, lambda: any("paused" in s for s in seen))
+        await until(pilot, lambda: "paused" in text(app.screen.query_one("#control-state")))
+        await pilot.press("r")
+        await until(pilot, lambda: live.svc.supervisor.state.value == "ready")
+        await until(pilot, lambda: any("resumed" in s for s in seen))
+        # Resuming a ready engine is refused by the daemon: the refusal is a notification.
+        await pilot.press("r")
+        await pilot.press("r")
+        await until(pilot, lambda: len(seen) >= 3)
+        assert app.is_running
+
+
+async def test_restart_asks_first_and_restarts_gracefully(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.3)
+        assert len(live.engines) == 1
+        assert any("cancelled" in s for s in seen)
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.click("#yes")
+        await until(pilot, lambda: len(live.engines) == 2)
+        await until(pilot, lambda: any("graceful restart started" in s for s in seen))
+        await until(
+            pilot,
+            lambda: any(
+                e["kind"] == "engine_state" and e["data"].get("state") == "restarting"
+                for e in app.model.events
+            ),
+        )
+        await until(pilot, lambda: live.svc.supervisor.state.value == "ready")
+
+
+async def test_controller_controls(live: Live) -> None:
+    app = tui(live.client())
+    available = has_route(live.app, "/admin/controller")
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("c")
+        await pilot.click("#limit")
+        await pilot.press("0", "enter")
+        await until(pilot, lambda: any("must be >= 1" in s for s in seen))
+        await pilot.press("backspace", "3", "enter")
+        if available:
+            await until(pilot, lambda: any("set mode manual, limit 3" in s for s in seen))
+            await until(pilot, lambda: live.svc.admission.snapshot().base_limit == 3)
+        else:
+            await until(pilot, lambda: any("not available on this daemon" in s for s in seen))
+        await pilot.click("#mode-auto")
+        await until(pilot, lambda: len(seen) >= 3)
+        assert app.is_running
+
+
+async def test_maintenance_and_benchmarks_screens(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("j")
+        note = app.screen.query_one("#jobs-note")
+        if has_route(live.app, "/admin/jobs"):
+            await until(pilot, lambda: app.model.jobs is not None)
+        else:
+            await until(pilot, lambda: "not available on this daemon" in text(note))
+        await pilot.press("b")
+        note = app.screen.query_one("#bench-note")
+        if has_route(live.app, "/admin/benchmarks"):
+            await until(pilot, lambda: app.model.benchmarks is not None)
+        else:
+            await until(pilot, lambda: "not available on this daemon" in text(note))
+        await pilot.press("d")
+        assert "READY" in text(app.screen.query_one("#engine-state"))
+
+
+async def test_help_screen(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert "graceful restart" in text(app.screen.query_one("#help Static"))
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+
+
+async def test_daemon_down_banner_then_reconnect(tmp_path: Path) -> None:
+    port = free_port()
+    token = tmp_path / "admin.token"
+    token.write_text("will-be-replaced")
+    client = AdminClient(f"http://127.0.0.1:{port}", resolve_token(token))
+    app = tui(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        banner = app.screen.query_one("#banner")
+        await until(pilot, lambda: "DAEMON DOWN" in text(banner))
+        assert banner.display and "retrying in" in text(banner)
+        assert f"127.0.0.1:{port}" in text(banner)
+        # The daemon comes up on that port, writing the token the client will read.
+        token.unlink()
+        live = await start_live(tmp_path, port=port)
+        try:
+            client.token = resolve_token(token)
+            await until(pilot, lambda: app.model.connection.link is Link.UP, 5)
+            await until(pilot, lambda: not banner.display)
+            assert any("reconnected" in s for s in seen)
+            assert "READY" in text(app.screen.query_one("#engine-state"))
+        finally:
+            await live.server.close()
+        await until(pilot, lambda: banner.display and "DAEMON DOWN" in text(banner), 5)
+
+
+async def test_bad_token_says_where_the_token_lives(live: Live, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-the-token")
+    app = tui(AdminClient(live.url, resolve_token(wrong)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        banner = app.screen.query_one("#banner")
+        await until(pilot, lambda: "BAD ADMIN TOKEN" in text(banner))
+        shown = text(banner)
+        assert str(wrong) in shown
+        assert "$APPLIANCE_ADMIN_TOKEN" in shown and "admin.token" in shown
+        assert "--token-file" in shown
+        assert app.model.connection.link is Link.UNAUTHORIZED
+
+
+async def test_missing_token_says_where_the_token_lives(
+    live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path / "..")  # no ./state/admin.token here
+    token = resolve_token(None)
+    assert token.value is None
+    app = tui(AdminClient(live.url, token))
+    async with app.run_test(size=(80, 24)) as pilot:
+        banner = app.screen.query_one("#banner")
+        await until(pilot, lambda: "no admin token found" in text(banner))
+        assert "state/admin.token" in text(banner)
+
+
+@pytest.mark.engine
+async def test_dashboard_against_the_real_engine(daemon: Any) -> None:
+    client = AdminClient(daemon.url, resolve_token(daemon.state_dir / "admin.token"))
+    app = tui(client, refresh_s=0.5)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.model.connection.link is Link.UP, 20)
+        await until(pilot, lambda: "READY" in text(app.screen.query_one("#engine-state")), 20)
+        assert daemon.model_name in text(app.screen.query_one("#engine-state"))
+        await pilot.press("e")
+        await until(pilot, lambda: app.model.connection.events_live, 20)
+        await until(pilot, lambda: app.screen.query_one("#events").row_count > 0, 10)
