@@ -348,7 +348,10 @@ async def capacity_sweep(url: str, plan: Plan, token: str | None) -> tuple[Sweep
 async def run_against_url(
     url: str, token: str | None, plan: Plan, controller_body: dict[str, Any], log: Any = print
 ) -> dict[str, Any]:
-    """All arms on one running daemon, switched through PUT /admin/controller."""
+    """All arms on one running daemon, switched through PUT /admin/controller.
+
+    The controller's own settings (mode, limit, bounds) are read first and put back at the end.
+    """
     notes: list[str] = []
     results: list[RunResult] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -356,63 +359,57 @@ async def run_against_url(
         timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
     ) as session:
         daemon = Daemon(session, url, token)
-        snap = await daemon.status()
-        original_limit = (snap or {}).get("admission", {}).get("base_limit")
+        snap = await daemon.status() or {}
+        original_limit = (snap.get("admission") or {}).get("base_limit")
+        ctl = snap.get("controller") or {}
+        bounds = {k: ctl[k] for k in ("min", "max") if isinstance(ctl.get(k), int)}
+        unbounded = {"mode": "manual", "limit": UNBOUNDED_LIMIT, "max": UNBOUNDED_LIMIT}
         # The sweep must see the engine, not the daemon's own cap.
-        can_switch, msg = await daemon.set_controller(
-            {"mode": "manual", "limit": UNBOUNDED_LIMIT, "max": UNBOUNDED_LIMIT}
-        )
+        can_switch, msg = await daemon.set_controller(unbounded)
         notes.append(msg)
         if not can_switch:
             notes.append(
                 "no PUT /admin/controller: arms cannot be switched on a running daemon; "
-                "the sweep and every arm run against the daemon as configured "
-                f"(limit {original_limit}); run with --start for the unbounded and static arms"
+                f"the sweep runs against the daemon as configured (limit {original_limit}); "
+                "run with --start for the unbounded and static arms"
             )
-        static, why = await capacity_sweep(url, plan, token)
-        notes.append(why)
-        capacity = static.request_per_s
-        arms_done = []
-        for arm in ARMS:
-            if arm == "controller":
+        try:
+            static, why = await capacity_sweep(url, plan, token)
+            notes.append(why)
+            capacity = static.request_per_s
+            bodies = {
+                "controller": {"mode": "auto", **bounds, **controller_body},
+                "unbounded": unbounded,
+                "static": {"mode": "manual", "limit": static.concurrency},
+            }
+            arms_done = []
+            for arm in ARMS:
                 applied, msg = (
-                    await daemon.set_controller({"mode": "auto", **controller_body})
-                    if can_switch
-                    else (False, "")
+                    await daemon.set_controller(bodies[arm]) if can_switch else (False, "")
                 )
-            elif arm == "unbounded":
-                applied, msg = (
-                    await daemon.set_controller(
-                        {"mode": "manual", "limit": UNBOUNDED_LIMIT, "max": UNBOUNDED_LIMIT}
-                    )
-                    if can_switch
-                    else (False, "")
+                if not applied:
+                    notes.append(f"{arm}: skipped ({msg or 'PUT /admin/controller not available'})")
+                    continue
+                notes.append(f"{arm}: {msg}")
+                log(f"arm {arm}")
+                await daemon.wait_idle()
+                results += await run_arm(session, url, arm, plan, capacity, daemon, log)
+                arms_done.append(arm)
+            if not arms_done:
+                # Still measure something: the daemon as it stands is a static arm.
+                notes.append(
+                    f"as-is: measured the daemon with its configured limit {original_limit} "
+                    "as the static arm"
                 )
-            else:
-                applied, msg = (
-                    await daemon.set_controller({"mode": "manual", "limit": static.concurrency})
-                    if can_switch
-                    else (False, "")
-                )
-            if not applied:
-                notes.append(f"{arm}: skipped ({msg or 'PUT /admin/controller not available'})")
-                continue
-            notes.append(f"{arm}: {msg}")
-            log(f"arm {arm}")
-            await daemon.wait_idle()
-            results += await run_arm(session, url, arm, plan, capacity, daemon, log)
-            arms_done.append(arm)
-        if can_switch:
-            applied, msg = await daemon.set_controller({"mode": "auto", **controller_body})
-            notes.append(f"left the daemon in auto mode ({msg})")
-        if not arms_done:
-            # Still measure something useful: the daemon as it stands is the "static" arm.
-            notes.append(
-                f"as-is: measured the daemon with its configured limit {original_limit} "
-                "as the static arm"
-            )
-            log("arm static (as configured)")
-            results += await run_arm(session, url, "static", plan, capacity, daemon, log)
+                log("arm static (as configured)")
+                results += await run_arm(session, url, "static", plan, capacity, daemon, log)
+        finally:
+            if can_switch:
+                restore: dict[str, Any] = {"mode": ctl.get("mode", "auto"), **bounds}
+                if isinstance(ctl.get("manual_limit"), int):
+                    restore["limit"] = ctl["manual_limit"]
+                _, msg = await daemon.set_controller(restore)
+                notes.append(f"restored the controller: {msg}")
     return _doc(plan, capacity, static, results, notes, mode="url")
 
 

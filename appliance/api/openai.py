@@ -131,6 +131,7 @@ class _Outcome:
     finish_reason: str | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    admitted_s: float | None = None
 
 
 async def _generate(
@@ -187,8 +188,10 @@ def _record(
         if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
             tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
             m.tpot_seconds.observe(tpot)
-        if status == "ok":
-            svc.latency.add(time.monotonic(), ttft, tpot)
+        if status == "ok" and outcome.admitted_s is not None:
+            # The controller judges the engine, so its TTFT starts at admission: queue wait
+            # grows when the limit shrinks, and counting it would cut the limit to the floor.
+            svc.latency.add(time.monotonic(), outcome.first_token_s - outcome.admitted_s, tpot)
     m.e2e_seconds.observe(time.monotonic() - arrived_s)
 
 
@@ -202,8 +205,9 @@ async def _serve(request: web.Request, svc: Services, parsed: ParsedRequest) -> 
     status = "error"
     try:
         async with svc.admission.slot(parsed.lane, deadline_abs):
+            outcome.admitted_s = time.monotonic()
             svc.metrics.queue_wait_seconds.labels(parsed.lane.label).observe(
-                time.monotonic() - arrived_s
+                outcome.admitted_s - arrived_s
             )
             if parsed.stream:
                 resp = await _stream(request, svc, parsed, request_id, outcome, arrived_s)

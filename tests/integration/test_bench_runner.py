@@ -381,22 +381,55 @@ async def test_goodput_arm_counts_requests_within_the_slo(app: App):
     assert r.ttft_p99_s is not None and r.ttft_p99_s < 0.5
 
 
-async def test_goodput_against_a_url_without_the_controller_endpoint(app: App):
-    plan = goodput.Plan(
-        rates=(1.5,),
-        arrivals=("bursty",),
-        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
-        duration_s=1.0,
-        drain_s=5.0,
-        max_tokens=4,
-        sweep_levels=(1, 2, 4),
+def _tiny_plan(**kw: object) -> goodput.Plan:
+    base: dict[str, object] = {
+        "rates": (1.5,),
+        "arrivals": ("bursty",),
+        "slo": goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
+        "duration_s": 1.0,
+        "drain_s": 5.0,
+        "max_tokens": 4,
+        "sweep_levels": (1, 2, 4, 8),
+    }
+    base.update(kw)
+    return goodput.Plan(**base)  # type: ignore[arg-type]
+
+
+async def test_goodput_switches_every_arm_and_restores_the_controller(app: App):
+    async with aiohttp.ClientSession() as s:
+        before = await goodput.Daemon(s, app.url, app.token).status()
+    doc = await goodput.run_against_url(app.url, app.token, _tiny_plan(), {}, log=lambda m: None)
+    assert [r["arm"] for r in doc["runs"]] == ["controller", "unbounded", "static"]
+    notes = "\n".join(doc["notes"])
+    # The sweep ran with the daemon's cap out of the way, so 8 was not held at the limit of 4.
+    assert doc["best_static"]["concurrency"] == 8 and doc["capacity_rps"] > 0
+    assert 'static: PUT /admin/controller {"mode": "manual", "limit": 8}: 200' in notes
+    assert all(r["sent"] > 0 and r["good"] <= r["ok"] <= r["sent"] for r in doc["runs"])
+    (row,) = doc["ratios"]
+    assert set(row) >= {"controller", "unbounded", "static", "controller_vs_unbounded"}
+    async with aiohttp.ClientSession() as s:
+        after = await goodput.Daemon(s, app.url, app.token).status()
+    assert before is not None and after is not None
+    for key in ("mode", "min", "max", "manual_limit"):
+        assert after["controller"][key] == before["controller"][key], key
+    assert "| bursty | 1.5x |" in goodput.render_markdown(doc)
+
+
+async def test_goodput_without_the_controller_endpoint_skips_arms(
+    app: App, monkeypatch: pytest.MonkeyPatch
+):
+    async def no_endpoint(self: goodput.Daemon, body: dict) -> tuple[bool, str]:
+        return False, "PUT /admin/controller answered 404: not found"
+
+    monkeypatch.setattr(goodput.Daemon, "set_controller", no_endpoint)
+    doc = await goodput.run_against_url(
+        app.url, app.token, _tiny_plan(sweep_levels=(1, 2, 4)), {}, log=lambda m: None
     )
-    doc = await goodput.run_against_url(app.url, app.token, plan, {}, log=lambda m: None)
     notes = "\n".join(doc["notes"])
     assert "PUT /admin/controller answered 404" in notes
-    assert "controller: skipped" in notes and "unbounded: skipped" in notes
-    assert "as-is: measured the daemon with its configured limit 4" in notes
+    assert "controller: skipped (PUT /admin/controller not available)" in notes
+    assert "unbounded: skipped" in notes and "static: skipped" in notes
+    assert f"as-is: measured the daemon with its configured limit {LIMIT}" in notes
     assert [r["arm"] for r in doc["runs"]] == ["static"]
-    assert doc["best_static"]["concurrency"] == 4 and doc["capacity_rps"] > 0
     md = goodput.render_markdown(doc)
     assert "| bursty | 1.5x | - | - |" in md

@@ -80,7 +80,8 @@ async def start_live(state_dir: Path, port: int | None = None) -> Live:
         return engines[-1]
 
     app = build_daemon(daemon_config(state_dir), factory, WordTokenizer())
-    server = TestServer(app, host="127.0.0.1", port=port)
+    # Open SSE streams would hold a graceful close for 60 s; the TUI must cope with a cut.
+    server = TestServer(app, host="127.0.0.1", port=port, shutdown_timeout=0.5)
     await server.start_server()
     url = str(server.make_url("")).rstrip("/")
     async with aiohttp.ClientSession() as s:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from tui import fmt
 from tui.model import Model
 from tui.screens.base import ApplianceScreen
 
-BAR_WIDTH = 28
+BAR_WIDTH = 24
 
 
 def runs(payload: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -79,7 +79,7 @@ class BenchmarksScreen(ApplianceScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="bench-note")
-        with Horizontal(id="bench"):
+        with VerticalScroll(id="bench"):
             yield DataTable(id="runs", cursor_type="row")
             yield Static("", id="curve", classes="panel")
 

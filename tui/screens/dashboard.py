@@ -37,13 +37,7 @@ class DashboardScreen(ApplianceScreen):
             if panel is None:
                 panel = GpuPanel(index)
                 box.mount(panel)
-                # The panel's children exist only after mount: draw it on the next refresh.
-                self.call_after_refresh(self._draw_gpu, panel, gpu, model)
-            else:
-                self._draw_gpu(panel, gpu, model)
+            panel.show(gpu, model.gpus.get(index, GpuHistory()))
         self.query_one(EnginePanel).show(model)
         self.query_one(ControllerPanel).show(status)
         self.query_one(QueuePanel).show(status)
-
-    def _draw_gpu(self, panel: GpuPanel, gpu: dict, model: Model) -> None:
-        panel.show(gpu, model.gpus.get(panel.index, GpuHistory()))

@@ -43,7 +43,7 @@ class ControllerPanel(Static):
             f"limit [b]{fmt.num(adm.get('limit', ctl.get('limit')))}[/] "
             f"(base {fmt.num(adm.get('base_limit'))})  bounds {fmt.num(lo)}..{fmt.num(hi)}"
             f"  mode [b]{mode}[/]",
-            f"derate [{level_style}]{level}[/] x{fmt.num(thermal.get('factor'), '', 2)}"
+            f"thermal [{level_style}]{level}[/] x{fmt.num(thermal.get('factor'), '', 2)}"
             + ("  [bold red]PROTECT[/]" if adm.get("protect") else ""),
         ]
         for d in _decisions(status):

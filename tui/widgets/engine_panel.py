@@ -25,7 +25,7 @@ class EnginePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="engine-state")
         with Horizontal(classes="spark-row"):
-            yield Label("KV cache", classes="spark-label")
+            yield Label("KV", classes="spark-label")
             yield ProgressBar(total=100, show_eta=False, id="kv")
         yield LabeledSparkline("tok/s", id="toks")
         yield LabeledSparkline("TTFT", id="ttft")
@@ -54,7 +54,7 @@ class EnginePanel(Vertical):
         lat = model.latest_latency
         for key in ("ttft", "tpot"):
             self.query_one(f"#{key}", LabeledSparkline).show(
-                f"p50 {fmt.seconds(lat.get(f'{key}_p50_s'))} "
-                f"p99 {fmt.seconds(lat.get(f'{key}_p99_s'))}",
+                f"{fmt.seconds(lat.get(f'{key}_p50_s'))}/"
+                f"{fmt.seconds(lat.get(f'{key}_p99_s'))} p99",
                 model.latency[f"{key}_p99_s"],
             )

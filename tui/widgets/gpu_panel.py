@@ -20,6 +20,8 @@ class GpuPanel(Vertical):
         super().__init__(id=f"gpu-{index}", classes="panel gpu-panel")
         self.index = index
         self.border_title = f"GPU {index}"
+        self._ready = False
+        self._pending: tuple[dict[str, Any], GpuHistory] | None = None
 
     def compose(self) -> ComposeResult:
         yield LabeledSparkline("core", id="core")
@@ -27,8 +29,17 @@ class GpuPanel(Vertical):
         yield LabeledSparkline("power", id="power")
         yield Static("", classes="gpu-facts")
 
+    def on_mount(self) -> None:
+        # Children exist from here on; draw what arrived while the panel was being mounted.
+        self._ready = True
+        if self._pending is not None:
+            self.show(*self._pending)
+
     def show(self, gpu: dict[str, Any], hist: GpuHistory) -> None:
         """Render the latest sample and its history."""
+        if not self._ready:
+            self._pending = (gpu, hist)
+            return
         name = gpu.get("name") or f"GPU {self.index}"
         self.border_title = f"GPU {self.index}: {name}"[:38]
         if gpu.get("lost"):

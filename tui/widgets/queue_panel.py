@@ -27,6 +27,6 @@ class QueuePanel(Static):
             queued = fmt.get(adm, "queued", lane)
             lines.append(
                 f"{lane:<11} queued {fmt.num(queued):>3}/{fmt.num(caps.get(lane)):<4}"
-                f" running {fmt.num(fmt.get(adm, 'running', lane))}"
+                f" run {fmt.num(fmt.get(adm, 'running', lane))}"
             )
         self.update("\n".join(lines))
