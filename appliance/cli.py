@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "appliance.commands.bench",
     "appliance.commands.install_service",
     "appliance.commands.logs",
+    "appliance.commands.tui",
 )
 
 

@@ -99,6 +99,7 @@ async def run_daemon(cfg: Config) -> int:
         drained = await svc.supervisor.drain_and_stop(cfg.engine.drain_timeout_s)
         log.info("drained" if drained else "drain timed out")
     stop_wait.cancel()
+    svc.events.close()  # open /admin/events streams end now rather than hold up the exit
     await runner.cleanup()
     watchdog.cancel()
     notifier.close()

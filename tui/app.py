@@ -40,14 +40,16 @@ class ApplianceTui(App[int]):
         "benchmarks": BenchmarksScreen,
     }
     DEFAULT_MODE = "dashboard"
+    ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("d", "switch_mode('dashboard')", "Dash"),
         Binding("e", "switch_mode('events')", "Events"),
         Binding("c", "switch_mode('controls')", "Ctrl"),
         Binding("j", "switch_mode('maintenance')", "Jobs"),
         Binding("b", "switch_mode('benchmarks')", "Bench"),
-        Binding("p", "engine('pause')", "Pause"),
-        Binding("r", "engine('resume')", "Resume"),
+        # Shown on the Controls screen and in help; the footer has to fit 80 columns.
+        Binding("p", "engine('pause')", "Pause", show=False),
+        Binding("r", "engine('resume')", "Resume", show=False),
         Binding("R", "restart", "Restart"),
         Binding("g", "poll_now", "Refresh", show=False),
         Binding("question_mark", "help", "Help"),

@@ -266,7 +266,11 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             if not done:
                 await resp.write(b": keep-alive\n\n")  # proxies close idle streams
                 continue
-            await send(next_event.result())
+            try:
+                event = next_event.result()
+            except StopAsyncIteration:  # the daemon is shutting down
+                return resp
+            await send(event)
             next_event = asyncio.ensure_future(anext(subscription))
     finally:
         next_event.cancel()

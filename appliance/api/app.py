@@ -186,12 +186,13 @@ def build_app(
     app.add_routes(openai.routes)
     app.add_routes(admin.routes)
     app.add_routes(maintenance.routes)
-    # Start order: telemetry first (derating applies from the first request), then the engine.
+    # Start order: the store (closed last), telemetry (derating applies from the first
+    # request), the engine, the controller, maintenance. Teardown runs in reverse.
+    app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_telemetry_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(_controller_ctx)
     app.cleanup_ctx.append(maintenance.maintenance_ctx)
-    app.cleanup_ctx.append(_store_ctx)
     return app
 
 

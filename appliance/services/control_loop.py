@@ -3,8 +3,6 @@ from live latency, KV usage, queue depth, derating and the benchmark's knee."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -22,6 +20,7 @@ from appliance.domain.controller import (
 from appliance.domain.latency_window import LatencyWindow
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
+from appliance.services.periodic import Periodic
 
 log = logging.getLogger("appliance.controller")
 
@@ -54,7 +53,7 @@ class ControlLoop:
         self.state = initial_state()
         self.last: ControlDecision | None = None
         self.decisions: list[dict[str, Any]] = []  # the recent changes, for status views
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("controller", self.tick, lambda: self.cfg.tick_s, log)
 
     def configure(
         self,
@@ -135,22 +134,10 @@ class ControlLoop:
         return d
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="controller")
+        await self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.tick_s)
-            try:
-                self.tick()
-            except Exception:  # a bad tick must not stop the controller for good
-                log.exception("controller tick failed")
+        await self._periodic.stop()
 
     def snapshot(self) -> dict[str, Any]:
         """Mode, bounds, the last decision and the recent changes."""

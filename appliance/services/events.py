@@ -35,9 +35,10 @@ class EventBus:
     def __init__(self, history: int = 500, subscriber_queue: int = 256) -> None:
         self._seq = itertools.count(1)
         self._recent: deque[Event] = deque(maxlen=history)
-        self._subscribers: set[asyncio.Queue[Event]] = set()
+        self._subscribers: set[asyncio.Queue[Event | None]] = set()
         self._subscriber_queue = subscriber_queue
         self._sinks: list[Callable[[Event], None]] = []
+        self._closed = False
 
     def add_sink(self, sink: Callable[[Event], None]) -> None:
         """Also hand every event to sink (e.g. the state store)."""
@@ -67,12 +68,23 @@ class EventBus:
         """The newest events, oldest first."""
         return list(self._recent)[-limit:]
 
+    def close(self) -> None:
+        """End every subscription (shutdown: SSE streams finish instead of holding it up)."""
+        self._closed = True
+        for queue in self._subscribers:
+            if queue.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()
+            queue.put_nowait(None)
+
     async def subscribe(self) -> AsyncIterator[Event]:
-        """Yield events as they happen until the consumer stops."""
-        queue: asyncio.Queue[Event] = asyncio.Queue(self._subscriber_queue)
+        """Yield events as they happen until the consumer stops or the bus closes."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(self._subscriber_queue)
+        if self._closed:
+            return
         self._subscribers.add(queue)
         try:
-            while True:
-                yield await queue.get()
+            while (event := await queue.get()) is not None:
+                yield event
         finally:
             self._subscribers.discard(queue)

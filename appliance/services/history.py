@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from appliance.domain.history import rollup
+from appliance.services.periodic import Periodic
 from appliance.services.store import StateStore
 from maintenance.config import MaintenanceConfig
 
@@ -33,27 +33,21 @@ class HistorySampler:
         self._snapshot = snapshot
         self._cfg = cfg
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
+        # Off the loop: a SQLite write with fsync may take milliseconds.
+        self._periodic = Periodic(
+            "metric-history",
+            lambda: asyncio.to_thread(self.sample_once),
+            lambda: cfg.history_interval_s,
+            log,
+        )
         self._last_compact_s = 0.0
         self.samples_taken = 0
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="metric-history")
+        await self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._cfg.history_interval_s)
-            try:
-                await asyncio.to_thread(self.sample_once)
-            except Exception:  # history must never take the daemon down
-                log.exception("metric history sample failed")
+        await self._periodic.stop()
 
     def sample_once(self) -> dict[str, Any]:
         """Take, store and log one sample; compact at most once a minute."""

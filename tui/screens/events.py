@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import DataTable, Input
 
 from tui import fmt
@@ -28,6 +29,10 @@ class EventsScreen(ApplianceScreen):
     """Newest at the bottom; the filter narrows by kind or any word."""
 
     TITLE_TEXT = "Events"
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("escape", "focus_table", "Table", show=False),
+    ]
 
     def compose_body(self) -> ComposeResult:
         yield Input(placeholder="filter: kind or words, e.g. thermal", id="filter")
@@ -41,6 +46,19 @@ class EventsScreen(ApplianceScreen):
         table.add_column("reason")
         self._shown = -1
         self._filter: list[str] = []
+        # The table, not the filter, takes focus: single-key bindings must keep working.
+        table.focus()
+
+    def action_focus_filter(self) -> None:
+        """Start typing a filter."""
+        self.query_one("#filter", Input).focus()
+
+    def action_focus_table(self) -> None:
+        """Leave the filter; keys drive the app again."""
+        self.query_one(DataTable).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_focus_table()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._filter = event.value.lower().split()

@@ -13,7 +13,7 @@ from textual.widgets import Static
 HELP = """\
 [b]Screens[/]   d dashboard   e events   c controls   j maintenance jobs   b benchmarks
 [b]Engine[/]    p pause admission   r resume   R graceful restart (asks first)
-[b]Events[/]    type in the filter box: kinds or words to match (e.g. thermal)
+[b]Events[/]    / filter by kind or words (e.g. thermal), enter or escape to leave it
 [b]Jobs[/]      enter on a job: run it now (asks first)
 [b]Any[/]       g refresh now   ? this help   q quit
 
