@@ -41,8 +41,12 @@ def _scores(result: dict[str, Any]) -> dict[int, float]:
 
 def curve(result: dict[str, Any]) -> str:
     """Text bars of throughput and P99 TTFT per concurrency level, the knee marked."""
+    # The daemon stores `levels[].point` (appliance bench's JSON); `points` is accepted too.
+    raw = result.get("points") or [
+        lv.get("point") for lv in result.get("levels") or [] if isinstance(lv, dict)
+    ]
     points = sorted(
-        (p for p in result.get("points") or [] if isinstance(p, dict)),
+        (p for p in raw if isinstance(p, dict)),
         key=lambda p: p.get("concurrency", 0),
     )
     if not points:
@@ -67,8 +71,9 @@ def curve(result: dict[str, Any]) -> str:
         )
     reason = fmt.get(result, "knee", "reason") or result.get("reason") or ""
     lines.append(f"◆ knee at {fmt.num(knee)}   · Pareto front   {reason}"[:120])
-    if result.get("recommended_limit") is not None:
-        lines.append(f"recommended limit {result['recommended_limit']}")
+    limit = result.get("recommended_limit", result.get("knee_limit"))
+    if limit is not None:
+        lines.append(f"recommended limit {limit}")
     return "\n".join(lines)
 
 
@@ -105,7 +110,7 @@ class BenchmarksScreen(ApplianceScreen):
                 fmt.when(run.get("ts_s")),
                 str(run.get("source", ""))[:10],
                 fmt.num(fmt.get(result, "knee", "concurrency")),
-                fmt.num(result.get("recommended_limit")),
+                fmt.num(result.get("recommended_limit", result.get("knee_limit"))),
             )
         if found:
             row = min(cursor, len(found) - 1)

@@ -61,8 +61,9 @@ class MaintenanceScreen(ApplianceScreen):
             last = runs[-1] if runs else {}
             table.add_row(
                 str(job["name"]),
-                str(job.get("schedule") or job.get("trigger") or fmt.NA)[:24],
-                fmt.when(job.get("next_run_s")),
+                str(job.get("schedule") or job.get("cron") or fmt.NA)[:24],
+                fmt.when(job.get("next_run_s")) if job.get("next_run_s") else
+                str(job.get("next_run") or fmt.NA)[:19],
                 fmt.when(last.get("started_s")),
                 str(last.get("outcome", fmt.NA)),
             )
