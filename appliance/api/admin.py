@@ -94,9 +94,14 @@ def _latency_snapshot(svc: Services) -> dict[str, Any]:
     }
 
 
+# SLOs an operator may set at run time: a millisecond to an hour.
+_SLO_MIN_S = 0.001
+_SLO_MAX_S = 3600.0
+
+
 @routes.put("/admin/controller")
 async def put_controller(request: web.Request) -> web.Response:
-    """Set the controller: {mode: auto|manual, limit, min, max} (each optional)."""
+    """Set the controller: mode, limit, min, max, slo_ttft_p99_s, slo_tpot_p99_s (optional)."""
     svc = request.app[SERVICES]
     try:
         body = await request.json()
@@ -104,10 +109,11 @@ async def put_controller(request: web.Request) -> web.Response:
         raise BadRequest("body: not valid JSON", param="body") from None
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object", param="body")
-    unknown = set(body) - {"mode", "limit", "min", "max"}
+    allowed = ("mode", "limit", "min", "max", "slo_ttft_p99_s", "slo_tpot_p99_s")
+    unknown = set(body) - set(allowed)
     if unknown:
         raise BadRequest(
-            f"{sorted(unknown)[0]}: unknown field; allowed: mode, limit, min, max",
+            f"{sorted(unknown)[0]}: unknown field; allowed: {', '.join(allowed)}",
             param=sorted(unknown)[0],
         )
     if "mode" in body and body["mode"] not in ("auto", "manual"):
@@ -120,12 +126,34 @@ async def put_controller(request: web.Request) -> web.Response:
         ):
             raise BadRequest(f"{key}: must be an integer between 1 and 4096", param=key)
         ints[key] = value
+    slos: dict[str, float | None] = {}
+    for key in ("slo_ttft_p99_s", "slo_tpot_p99_s"):
+        value = body.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not _SLO_MIN_S <= value <= _SLO_MAX_S
+        ):
+            raise BadRequest(
+                f"{key}: must be a number of seconds between {_SLO_MIN_S} and {_SLO_MAX_S}",
+                param=key,
+            )
+        slos[key] = None if value is None else float(value)
     try:
         svc.controller.configure(
-            mode=body.get("mode"), limit=ints["limit"], min_limit=ints["min"], max_limit=ints["max"]
+            mode=body.get("mode"),
+            limit=ints["limit"],
+            min_limit=ints["min"],
+            max_limit=ints["max"],
+            slo_ttft_p99_s=slos["slo_ttft_p99_s"],
+            slo_tpot_p99_s=slos["slo_tpot_p99_s"],
         )
     except ValueError as exc:
         raise BadRequest(str(exc), param="max") from None
+    # The SLO the daemon reports and recalibrates from is the one the controller steers by.
+    svc.slo_ttft_p99_s = svc.controller.cfg.slo_ttft_p99_s
+    if svc.controller.cfg.slo_tpot_p99_s is not None:
+        svc.slo_tpot_p99_s = svc.controller.cfg.slo_tpot_p99_s
     return web.json_response(svc.controller.snapshot())
 
 

@@ -62,29 +62,53 @@ class ControlLoop:
         limit: int | None = None,
         min_limit: int | None = None,
         max_limit: int | None = None,
+        slo_ttft_p99_s: float | None = None,
+        slo_tpot_p99_s: float | None = None,
     ) -> None:
-        """Change mode, manual limit or bounds (validated by ControllerConfig); tick now."""
-        new_cfg = self.cfg
-        if min_limit is not None or max_limit is not None:
-            new_cfg = dataclasses.replace(
-                self.cfg,
-                min_limit=self.cfg.min_limit if min_limit is None else min_limit,
-                max_limit=self.cfg.max_limit if max_limit is None else max_limit,
-            )
+        """Change mode, manual limit, bounds or SLOs (validated by ControllerConfig); tick now."""
+        changes: dict[str, Any] = {}
+        if min_limit is not None:
+            changes["min_limit"] = min_limit
+        if max_limit is not None:
+            changes["max_limit"] = max_limit
+        if slo_ttft_p99_s is not None:
+            changes["slo_ttft_p99_s"] = slo_ttft_p99_s
+        if slo_tpot_p99_s is not None:
+            changes["slo_tpot_p99_s"] = slo_tpot_p99_s
+        new_cfg = dataclasses.replace(self.cfg, **changes) if changes else self.cfg
+        slo_changed = (new_cfg.slo_ttft_p99_s, new_cfg.slo_tpot_p99_s) != (
+            self.cfg.slo_ttft_p99_s,
+            self.cfg.slo_tpot_p99_s,
+        )
         new_mode = ControlMode(mode) if mode is not None else self.mode
         if limit is not None and limit < 1:
             raise ValueError(f"limit: must be >= 1, got {limit}")
         self.cfg, self.mode = new_cfg, new_mode
         if limit is not None:
             self.manual_limit = limit
+        if slo_changed:
+            # Latency judged against the old SLO says nothing about the new one: forget where
+            # it broke and judge only what comes after this change.
+            self.state = dataclasses.replace(
+                self.state,
+                breach_base=None,
+                barrier=False,
+                breach_tick=None,
+                retry_ticks=None,
+                retrying_since_tick=None,
+                last_change_s=self._clock(),
+            )
         self._events.emit(
             "controller_config",
             f"controller set to {self.mode.value}, limit "
-            f"{self.manual_limit}, bounds [{self.cfg.min_limit}, {self.cfg.max_limit}]",
+            f"{self.manual_limit}, bounds [{self.cfg.min_limit}, {self.cfg.max_limit}], "
+            f"SLO p99 TTFT {self.cfg.slo_ttft_p99_s:g} s, TPOT {self.cfg.slo_tpot_p99_s} s",
             mode=self.mode.value,
             limit=self.manual_limit,
             min=self.cfg.min_limit,
             max=self.cfg.max_limit,
+            slo_ttft_p99_s=self.cfg.slo_ttft_p99_s,
+            slo_tpot_p99_s=self.cfg.slo_tpot_p99_s,
         )
         self.tick()
 

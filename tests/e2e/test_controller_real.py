@@ -1,9 +1,21 @@
-"""The batch controller on the real engine: a step load makes it move and then settle."""
+"""The batch controller on the real engine: a step load makes it climb and settle, an SLO
+breach makes it back off and settle.
+
+Where it settles between the bounds depends on how fast this machine is at that moment (a
+2-core box shared with other work can be 3x slower than an idle one), so the SLOs here are
+set through `PUT /admin/controller` far from the measured latency on either side: one the
+engine always meets (the limit must climb to `max` and stay) and one it never meets (the
+limit must fall to `min` and stay). Settling on a noisy plateau between the two is covered
+by the policy's table and property tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -12,59 +24,111 @@ from tests.conftest import Daemon
 
 pytestmark = pytest.mark.engine
 
+LOW, HIGH = 2, 12
 
-async def test_step_load_makes_the_controller_settle(daemon: Daemon):
+
+async def _put(admin: aiohttp.ClientSession, daemon: Daemon, **body: object) -> dict:
+    async with admin.put(daemon.url + "/admin/controller", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+@contextlib.asynccontextmanager
+async def _step_load(daemon: Daemon, clients: int) -> AsyncIterator[list[int]]:
+    """`clients` closed-loop chat clients from the moment of entry; yields the done counter."""
     body = {
         "model": daemon.model_name,
         "max_tokens": 12,
         "messages": [{"role": "user", "content": "Say something short."}],
     }
-    limits: list[tuple[float, int]] = []
+    done = [0]
     stop = asyncio.Event()
-    async with (
-        aiohttp.ClientSession(headers=daemon.admin_headers) as admin,
-        aiohttp.ClientSession() as client,
-    ):
-        async with admin.put(
-            daemon.url + "/admin/controller", json={"mode": "auto", "min": 2, "max": 16}
-        ) as r:
-            assert r.status == 200
-            assert (await r.json())["mode"] == "auto"
+    async with aiohttp.ClientSession() as client:
 
-        async def worker() -> int:
-            done = 0
+        async def worker() -> None:
             while not stop.is_set():
                 async with client.post(daemon.url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200, await r.text()
-                    done += 1
-            return done
+                    done[0] += 1
 
+        workers = [asyncio.create_task(worker()) for _ in range(clients)]
         try:
-            # The step: from idle to 20 closed-loop clients, more than the limit admits.
-            workers = [asyncio.create_task(worker()) for _ in range(20)]
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 75:
-                limits.append((time.monotonic() - t0, daemon.status()["admission"]["base_limit"]))
-                await asyncio.sleep(1)
-            stop.set()
-            done = sum(await asyncio.gather(*workers))
+            yield done
         finally:
-            async with admin.put(
-                daemon.url + "/admin/controller", json={"mode": "manual", "limit": 8}
-            ) as r:
-                assert r.status == 200
-        snap = daemon.status()
-    values = [lim for _, lim in limits]
-    assert done > 20
-    assert all(2 <= v <= 16 for v in values), values
-    assert len(set(values)) > 1, f"the controller never moved: {values}"
-    # Settled: over the last 25 s the limit moves within a narrow band, no sawtooth.
-    tail = [v for t, v in limits if t >= 50]
-    assert max(tail) - min(tail) <= 3, values
-    flips = sum(
-        1 for a, b, c in zip(tail, tail[1:], tail[2:], strict=False) if (b - a) * (c - b) < 0
-    )
-    assert flips <= 2, values
+            stop.set()
+            await asyncio.gather(*workers)
+
+
+async def _watch(daemon: Daemon, target: int, timeout_s: float, hold_s: float) -> list[int]:
+    """Base limits once a second until `target` has held for `hold_s` (or the timeout)."""
+    seen: list[int] = []
+    t0 = time.monotonic()
+    held_since: float | None = None
+    while time.monotonic() - t0 < timeout_s:
+        seen.append(daemon.status()["admission"]["base_limit"])
+        now = time.monotonic()
+        if seen[-1] != target:
+            held_since = None
+        elif held_since is None:
+            held_since = now
+        elif now - held_since >= hold_s:
+            break
+        await asyncio.sleep(1)
+    return seen
+
+
+def _monotone(values: list[int], rising: bool) -> bool:
+    pairs = itertools.pairwise(values)
+    return all((b >= a) if rising else (b <= a) for a, b in pairs)
+
+
+async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
+    async with aiohttp.ClientSession(headers=daemon.admin_headers) as admin:
+        # A known start: manual at the low end, then auto with an SLO the engine always meets.
+        await _put(admin, daemon, mode="manual", limit=LOW + 2)
+        try:
+            async with _step_load(daemon, clients=20) as done:
+                snap = await _put(
+                    admin,
+                    daemon,
+                    mode="auto",
+                    min=LOW,
+                    max=HIGH,
+                    slo_ttft_p99_s=120.0,
+                    slo_tpot_p99_s=60.0,
+                )
+                assert snap["mode"] == "auto" and snap["slo_ttft_p99_s"] == 120.0
+                rise = await _watch(daemon, HIGH, timeout_s=90, hold_s=8)
+                done_rise = done[0]
+
+                # The same load against an SLO no engine meets: back off to the floor, stay.
+                await _put(admin, daemon, slo_ttft_p99_s=0.001, slo_tpot_p99_s=0.001)
+                fall = await _watch(daemon, LOW, timeout_s=90, hold_s=8)
+            snap = daemon.status()
+        finally:
+            await _put(
+                admin,
+                daemon,
+                mode="manual",
+                limit=8,
+                min=1,
+                max=32,
+                slo_ttft_p99_s=4.0,
+                slo_tpot_p99_s=1.0,
+            )
+    print("controller limits, climb:", rise, "back-off:", fall)
+    assert done_rise > 20 and done[0] > done_rise
+    assert all(LOW <= v <= HIGH for v in rise + fall), (rise, fall)
+    # Climbs to the ceiling without a cut on the way, and holds there (settled, no sawtooth).
+    assert rise[-1] == HIGH and rise[-8:] == [HIGH] * 8, rise
+    assert _monotone(rise, rising=True), rise
+    # Backs off multiplicatively (at least one cut bigger than a step), to the floor, holds.
+    assert fall[-1] == LOW and fall[-8:] == [LOW] * 8, fall
+    assert _monotone(fall, rising=False), fall
+    cuts = [a - b for a, b in itertools.pairwise(fall) if b < a]
+    assert max(cuts) >= 2, fall
     decisions = snap["controller"]["decisions"]
     assert decisions and all(d["reason"] for d in decisions)
-    print("controller limits:", values)
+    reasons = [d["reason"] for d in decisions]
+    assert any(d["action"] == "up" and "queued" in d["reason"] for d in decisions), reasons
+    assert any(d["action"] == "down" and "SLO" in d["reason"] for d in decisions), reasons

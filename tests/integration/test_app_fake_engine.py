@@ -438,3 +438,48 @@ async def test_jobs_api_runs_recalibrate_and_restart(h: Harness, tmp_path: Path)
     text = await (await h.client.get("/metrics")).text()
     assert 'appliance_maintenance_runs_total{job="restart",outcome="ok"} 1.0' in text
     assert 'appliance_maintenance_runs_total{job="benchmark",outcome="failed"} 0.0' in text
+
+
+async def test_put_controller_sets_mode_bounds_and_slo(h: Harness):
+    r = await h.client.put(
+        "/admin/controller",
+        json={"mode": "auto", "min": 2, "max": 6, "slo_ttft_p99_s": 0.5, "slo_tpot_p99_s": 0.05},
+        headers=h.admin(),
+    )
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    assert (body["mode"], body["min"], body["max"]) == ("auto", 2, 6)
+    assert (body["slo_ttft_p99_s"], body["slo_tpot_p99_s"]) == (0.5, 0.05)
+    assert h.svc.slo_ttft_p99_s == 0.5 and h.svc.slo_tpot_p99_s == 0.05
+    # The base limit (2 in this config) is inside [2, 6]; the status shows the same numbers.
+    status = await (await h.client.get("/admin/status", headers=h.admin())).json()
+    assert status["controller"]["slo_ttft_p99_s"] == 0.5
+    assert 2 <= status["admission"]["base_limit"] <= 6
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"mode": "fast"}, "mode", "'auto' or 'manual'"),
+        ({"limit": 0}, "limit", "between 1 and 4096"),
+        ({"max": True}, "max", "between 1 and 4096"),
+        ({"slo_ttft_p99_s": 0}, "slo_ttft_p99_s", "between 0.001 and 3600"),
+        ({"slo_tpot_p99_s": "1"}, "slo_tpot_p99_s", "between 0.001 and 3600"),
+        ({"slo_ttft_p99_s": 7200}, "slo_ttft_p99_s", "between 0.001 and 3600"),
+        ({"window": 3}, "window", "unknown field"),
+        ({"min": 9, "max": 4}, "max", "max_limit: must be >= min_limit"),
+    ],
+)
+async def test_put_controller_rejects_bad_fields(h: Harness, body: dict, field: str, words: str):
+    before = (await (await h.client.get("/admin/status", headers=h.admin())).json())["controller"]
+    r = await h.client.put("/admin/controller", json=body, headers=h.admin())
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert err["param"] == field and words in err["message"], err
+    after = (await (await h.client.get("/admin/status", headers=h.admin())).json())["controller"]
+    assert (after["mode"], after["min"], after["max"], after["slo_ttft_p99_s"]) == (
+        before["mode"],
+        before["min"],
+        before["max"],
+        before["slo_ttft_p99_s"],
+    )

@@ -1,0 +1,84 @@
+"""The controller loop over the real admission queue and latency window, on a fake clock."""
+
+from __future__ import annotations
+
+from appliance.config import AdmissionConfig
+from appliance.domain.controller import Action, ControllerConfig, ControlMode
+from appliance.domain.latency_window import LatencyWindow
+from appliance.services.admission import AdmissionQueue
+from appliance.services.control_loop import ControlLoop
+from appliance.services.events import EventBus
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _loop(clock: Clock) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, EventBus]:
+    admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
+    latency = LatencyWindow(window_s=60)
+    events = EventBus()
+    cfg = ControllerConfig(
+        slo_ttft_p99_s=1.0,
+        slo_tpot_p99_s=None,
+        min_limit=1,
+        max_limit=8,
+        min_samples=2,
+        hold_ticks_after_decrease=0,
+        hold_ticks_after_increase=0,
+    )
+    loop = ControlLoop(
+        cfg,
+        ControlMode.AUTO,
+        admission,
+        latency,
+        kv_usage=lambda: 0.1,
+        ceiling=lambda: None,
+        events=events,
+        clock=clock,
+    )
+    return loop, admission, latency, events
+
+
+def test_breach_cuts_and_an_slo_change_judges_only_later_samples():
+    clock = Clock()
+    loop, admission, latency, events = _loop(clock)
+    for _ in range(3):
+        latency.add(clock.now_s, 3.0)
+    clock.now_s += 1
+    d = loop.tick()
+    assert d.action is Action.DOWN and admission.base_limit == 3
+    assert "p99 TTFT 3 s > SLO 1 s" in d.reason
+    assert loop.state.breach_base == 4
+
+    clock.now_s += 1
+    loop.configure(slo_ttft_p99_s=10.0)
+    cfg_events = [e for e in events.recent() if e.kind == "controller_config"]
+    assert cfg_events and "SLO p99 TTFT 10 s" in cfg_events[-1].reason
+    # The breach was against the old SLO: forgotten, and its samples no longer count.
+    assert loop.state.breach_base is None and not loop.state.barrier
+    clock.now_s += 1
+    d = loop.tick()
+    assert d.action is Action.HOLD and "2 needed to judge the SLO" in d.reason
+    assert admission.base_limit == 3
+
+    # The same latency measured after the change sits inside the new SLO: no cut.
+    for _ in range(3):
+        latency.add(clock.now_s, 3.0)
+    clock.now_s += 1
+    d = loop.tick()
+    assert d.action is Action.HOLD and admission.base_limit == 3, d.reason
+
+
+def test_manual_mode_sets_the_operator_limit_and_bounds_clamp_it():
+    clock = Clock()
+    loop, admission, _, _ = _loop(clock)
+    loop.configure(mode="manual", limit=6)
+    assert admission.base_limit == 6 and loop.last is not None
+    assert loop.last.action is Action.MANUAL
+    loop.configure(max_limit=5)
+    assert admission.base_limit == 5 and "clamped to [1, 5]" in loop.last.reason
