@@ -48,6 +48,7 @@ class _Waiter:
     lane: Lane
     future: asyncio.Future[None]
     enqueued_s: float
+    held_at_enqueue_s: float  # the queue's held-time counter when this request joined
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class AdmissionQueue:
         # Closed while the engine restarts or is paused: requests wait instead of failing.
         self._dispatching = False
         self._changed = asyncio.Event()
+        # Seconds the queue has been held closed (restart, pause), so that time does not
+        # count against admission.max_queue_wait_s: a restart must not turn into 429s.
+        self._held_total_s = 0.0
+        self._held_since_s: float | None = self._clock()
 
     @property
     def limit(self) -> int:
@@ -163,12 +168,27 @@ class AdmissionQueue:
 
     def open(self) -> None:
         """Start handing slots to waiting requests."""
+        if self._held_since_s is not None:
+            self._held_total_s += self._clock() - self._held_since_s
+            self._held_since_s = None
         self._dispatching = True
         self._dispatch()
 
     def close(self) -> None:
         """Stop handing out slots; new and waiting requests stay queued."""
+        if self._held_since_s is None:
+            self._held_since_s = self._clock()
         self._dispatching = False
+
+    def held_s(self) -> float:
+        """Total seconds the queue has been held closed so far."""
+        now_held = 0.0 if self._held_since_s is None else self._clock() - self._held_since_s
+        return self._held_total_s + now_held
+
+    def _queue_wait_left_s(self, waiter: _Waiter) -> float:
+        """What is left of max_queue_wait_s, not counting time the queue was held closed."""
+        waited = self._clock() - waiter.enqueued_s - (self.held_s() - waiter.held_at_enqueue_s)
+        return self._cfg.max_queue_wait_s - waited
 
     @asynccontextmanager
     async def slot(self, lane: Lane, deadline_s: float | None = None) -> AsyncIterator[None]:
@@ -190,31 +210,39 @@ class AdmissionQueue:
                 retry_after_s=self._cfg.retry_after_s,
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(lane, loop.create_future(), self._clock())
+        waiter = _Waiter(lane, loop.create_future(), self._clock(), self.held_s())
         self._lanes[lane].append(waiter)
         self._changed.set()
-        timeout = self._cfg.max_queue_wait_s
-        by_deadline = deadline_s is not None and deadline_s - self._clock() < timeout
-        if deadline_s is not None:
-            timeout = min(timeout, max(0.0, deadline_s - self._clock()))
+        by_deadline = False
         try:
-            done, _ = await asyncio.wait({waiter.future}, timeout=timeout)
+            while True:
+                # The queue bound pauses while the queue is held (restart, pause); a
+                # client's own deadline never does.
+                timeout = self._queue_wait_left_s(waiter)
+                by_deadline = deadline_s is not None and deadline_s - self._clock() < timeout
+                if deadline_s is not None:
+                    timeout = min(timeout, deadline_s - self._clock())
+                if timeout <= 0:
+                    break
+                done, _ = await asyncio.wait({waiter.future}, timeout=timeout)
+                if done:
+                    return
         except asyncio.CancelledError:
             # The client went away while queued: it must never reach the engine.
             self._abandon(waiter)
             raise
-        if not done:
-            self._abandon(waiter)
-            if by_deadline:
-                raise DeadlineExceeded(
-                    "deadline_ms: the deadline passed while the request was queued"
-                )
-            raise Overloaded(
-                f"waited {self._cfg.max_queue_wait_s:g} s in the {lane.label} queue "
-                "(admission.max_queue_wait_s); retry later",
-                retry_after_s=self._cfg.retry_after_s,
-                code="queue_timeout",
-            )
+        if not by_deadline and waiter.future.done() and not waiter.future.cancelled():
+            return  # granted in the same tick its queue time ran out: it runs
+        # A slot granted as the deadline passed is handed on: the engine would only cut it.
+        self._abandon(waiter)
+        if by_deadline:
+            raise DeadlineExceeded("deadline_ms: the deadline passed while the request was queued")
+        raise Overloaded(
+            f"waited {self._cfg.max_queue_wait_s:g} s in the {lane.label} queue "
+            "(admission.max_queue_wait_s); retry later",
+            retry_after_s=self._cfg.retry_after_s,
+            code="queue_timeout",
+        )
 
     def _abandon(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():

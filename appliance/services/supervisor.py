@@ -131,13 +131,13 @@ class EngineSupervisor:
                     retry_after_s=self._retry_after_s,
                 )
             started = time.monotonic()
+            was_paused = self._state is EngineState.PAUSED
             self._admission.close()
             self._set_state(EngineState.RESTARTING, f"restart: {reason}")
             await self._drain_in_flight()
             await self._stop_engine()
             await self._start_with_backoff(cause)
-            self._set_state(EngineState.READY, "engine ready after restart")
-            self._admission.open()
+            self._back_in_service("engine ready after restart", paused=was_paused)
             seconds = time.monotonic() - started
             self._events.emit(
                 "engine_restarted",
@@ -146,6 +146,20 @@ class EngineSupervisor:
                 seconds=round(seconds, 1),
             )
             return seconds
+
+    def _back_in_service(self, reason: str, *, paused: bool = False) -> None:
+        """After a restart or recovery: READY and dispatching, unless something overrode it.
+
+        An operator's pause outlives a restart (the queue stays held), and a SIGTERM that
+        arrived meanwhile (DRAINING) is not undone: the drain opens the queue itself.
+        """
+        if self._state is EngineState.DRAINING:
+            return
+        if paused:
+            self._set_state(EngineState.PAUSED, f"{reason}; still paused by operator")
+            return
+        self._set_state(EngineState.READY, reason)
+        self._admission.open()
 
     async def _start_with_backoff(self, cause: str) -> None:
         delay = self._cfg.restart_backoff_initial_s
@@ -156,6 +170,9 @@ class EngineSupervisor:
                 return
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                if self._state is EngineState.DRAINING:
+                    # Shutting down: retrying would hold the lifecycle lock from the drain.
+                    raise EngineStartError(f"engine start failed during shutdown: {exc}") from exc
                 self._events.emit(
                     "engine_start_failed",
                     f"engine start failed, retry in {delay:g} s: {exc}",
@@ -205,12 +222,27 @@ class EngineSupervisor:
 
     async def drain_and_stop(self, timeout_s: float) -> bool:
         """SIGTERM path: refuse new requests, let admitted ones finish (bounded), stop."""
+        deadline = time.monotonic() + timeout_s
         self._set_state(EngineState.DRAINING, "draining for shutdown")
         if self._health_task is not None:
             self._health_task.cancel()
-        self._admission.open()  # queued requests are admitted ones too: let them run
+        # A restart or recovery in progress owns the engine: let it finish, so the queued
+        # requests (admitted ones too) have an engine to run on, then let them run.
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            locked = False
+        else:
+            locked = True
+        try:
+            if locked and self._engine is not None:
+                self._admission.open()
+        finally:
+            if locked:
+                self._lock.release()
         drained = await self._admission.wait_until(
-            lambda: self._admission.in_flight == 0 and self._admission.queued() == 0, timeout_s
+            lambda: self._admission.in_flight == 0 and self._admission.queued() == 0,
+            max(0.0, deadline - time.monotonic()),
         )
         if not drained:
             self._events.emit(
@@ -258,5 +290,4 @@ class EngineSupervisor:
             with contextlib.suppress(Exception):
                 await self._stop_engine()
             await self._start_with_backoff("engine_dead")
-            self._set_state(EngineState.READY, "engine ready after crash recovery")
-            self._admission.open()
+            self._back_in_service("engine ready after crash recovery")

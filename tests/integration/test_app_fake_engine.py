@@ -483,3 +483,49 @@ async def test_put_controller_rejects_bad_fields(h: Harness, body: dict, field: 
         before["max"],
         before["slo_ttft_p99_s"],
     )
+
+
+async def test_restart_while_paused_stays_paused_and_loses_nothing(h: Harness):
+    await h.client.post("/admin/engine/pause", headers=h.admin())
+    queued = asyncio.create_task(h.client.post("/v1/chat/completions", json=_chat()))
+    await asyncio.sleep(0.02)
+    r = await h.client.post("/admin/engine/restart", headers=h.admin())
+    assert r.status == 202
+    for _ in range(300):
+        if len(h.engines) == 2 and h.svc.supervisor.state.value == "paused":
+            break
+        await asyncio.sleep(0.01)
+    # The operator's pause outlives the restart: still held, nothing dispatched.
+    assert h.svc.supervisor.state.value == "paused" and not queued.done()
+    assert (await (await h.client.get("/health/ready")).json())["reason"] == "paused"
+    await h.client.post("/admin/engine/resume", headers=h.admin())
+    r = await queued
+    assert r.status == 200 and len(h.engines[1].seen) == 1
+
+
+async def test_sigterm_during_a_restart_runs_the_queued_requests_then_stops(h: Harness):
+    h.engine.token_delay_s = 0.01
+
+    async def one() -> int:
+        r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=5))
+        await r.read()
+        return r.status
+
+    running = [asyncio.create_task(one()) for _ in range(2)]
+    await asyncio.sleep(0.02)
+    h.svc.supervisor._factory = lambda: (  # the next engine takes a while to start
+        h.engines.append(FakeEngine(token_delay_s=0.005, start_delay_s=0.3, max_model_len=64))
+        or h.engines[-1]
+    )
+    restart = asyncio.create_task(h.svc.supervisor.restart("test", cause="manual"))
+    await asyncio.sleep(0.05)
+    queued = [asyncio.create_task(one()) for _ in range(3)]
+    await asyncio.sleep(0.02)
+    drained = await h.svc.supervisor.drain_and_stop(timeout_s=5)
+    assert drained
+    await restart
+    assert await asyncio.gather(*running, *queued) == [200] * 5
+    assert h.svc.supervisor.state.value == "stopped"
+    # The three that arrived during the restart ran on the new engine, which then stopped.
+    assert len(h.engines[-1].seen) >= 3 and h.engines[-1].shut_down
+    assert sum(len(e.seen) for e in h.engines) == 5

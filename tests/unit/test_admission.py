@@ -92,6 +92,44 @@ async def test_queue_wait_is_bounded():
     await running
 
 
+async def test_time_held_closed_does_not_count_against_the_queue_wait():
+    # A restart holds the queue for longer than max_queue_wait_s: the waiters must run after
+    # it, not get 429s. Once the queue is open again the bound applies as usual.
+    q = _queue(limit=1, wait_s=0.1)
+    q.close()
+    order: list[str] = []
+    gate = asyncio.Event()
+    gate.set()
+    waiting = [
+        asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"w{i}", gate)) for i in range(3)
+    ]
+    await asyncio.sleep(0.3)  # three times the bound, held
+    assert q.queued() == 3 and q.held_s() >= 0.3
+    q.open()
+    await asyncio.gather(*waiting)
+    assert order == ["w0", "w1", "w2"]
+    # Open again: a request stuck behind a running one still times out at the bound.
+    block = asyncio.Event()
+    running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", block))
+    await asyncio.sleep(0)
+    t0 = time.monotonic()
+    with pytest.raises(Overloaded):
+        async with q.slot(Lane.INTERACTIVE):
+            pass
+    assert 0.09 <= time.monotonic() - t0 < 1.0
+    block.set()
+    await running
+
+
+async def test_deadline_while_held_still_expires():
+    q = _queue(limit=1, wait_s=5)
+    q.close()
+    with pytest.raises(DeadlineExceeded):
+        async with q.slot(Lane.INTERACTIVE, deadline_s=time.monotonic() + 0.05):
+            pass
+    assert q.queued() == 0 and q.in_flight == 0
+
+
 async def test_deadline_while_queued_is_its_own_error():
     q = _queue(limit=1, wait_s=5)
     gate = asyncio.Event()
