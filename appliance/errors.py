@@ -9,6 +9,9 @@ class ApplianceError(Exception):
     status = 500
     type = "internal_error"
     code: str | None = None
+    # False: tell clients not to retry on their own (the OpenAI client retries 408 and 5xx);
+    # a retry of a request whose deadline has passed would only reach the engine late.
+    retryable = True
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)

@@ -172,6 +172,11 @@ def telemetry_snapshot(svc: Services) -> dict[str, Any]:
             "reason": loop.latest_decision.reason if loop.latest_decision else None,
         },
         "energy_total_j": loop.energy_total_j,
+        "energy_per_token_j": {
+            "window_s": loop.energy_per_token.window_s,
+            "recent": loop.energy_per_token.recent_j(),
+            "lifetime": loop.energy_per_token.lifetime_j(),
+        },
         "samples_taken": loop.samples_taken,
         "last_sample_ms": None
         if loop.last_sample_duration_s is None

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -17,7 +17,7 @@ from appliance.api.errors import Handler, error_middleware
 from appliance.api.keys import SERVICES, Services
 from appliance.config import Config, served_model_name
 from appliance.domain.controller import ControlMode
-from appliance.domain.gpu_sample import Telemetry
+from appliance.domain.gpu_sample import GpuSample, Telemetry
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.thermal import ThermalDecision, ThermalLevel
 from appliance.errors import EngineStartError
@@ -43,6 +43,8 @@ FATAL = web.AppKey("fatal", asyncio.Future)
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tag every log line of a request with its id (the client's X-Request-Id, or a new one)."""
     rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+    # Deadlines and latencies count from here, before body parsing and tokenization.
+    request[openai.ARRIVED_S] = time.monotonic()
     token = request_id_var.set(rid)
     try:
         resp = await handler(request)
@@ -83,8 +85,14 @@ def build_services(
                 limit=admission.limit,
             )
 
+    metrics = Metrics()
     telemetry_loop = TelemetryLoop(
-        telemetry, cfg.thermal.to_policy(), cfg.telemetry.interval_s, on_decision=on_decision
+        telemetry,
+        cfg.thermal.to_policy(),
+        cfg.telemetry.interval_s,
+        on_sample=_lost_gpu_watch(events),
+        on_decision=on_decision,
+        tokens_fn=lambda: metrics.generated_tokens,
     )
     store = StateStore(cfg.state_dir / "appliance.db")
     latency = LatencyWindow(window_s=max(60.0, cfg.controller.window_s))
@@ -105,7 +113,7 @@ def build_services(
         model_name=served_model_name(cfg),
         tokenizer=tokenizer,
         events=events,
-        metrics=Metrics(),
+        metrics=metrics,
         admission=admission,
         supervisor=supervisor,
         telemetry=telemetry,
@@ -122,6 +130,29 @@ def build_services(
     _wire_metrics(svc)
     svc.metrics.add_collector(TelemetryCollector(telemetry_loop))
     return svc
+
+
+def _lost_gpu_watch(events: EventBus) -> Callable[[list[GpuSample]], None]:
+    """An event when a GPU falls off the bus and when it is back (the policy protects)."""
+    lost: set[str] = set()
+
+    def on_sample(samples: list[GpuSample]) -> None:
+        now = {s.uuid for s in samples if s.lost}
+        for s in samples:
+            if s.lost and s.uuid not in lost:
+                events.emit(
+                    "gpu_lost",
+                    f"{s.label} ({s.uuid}) is lost: PROTECT, readiness 503, realtime only",
+                    gpu=s.index,
+                    uuid=s.uuid,
+                )
+        for s in samples:
+            if s.uuid in lost and s.uuid not in now:
+                events.emit("gpu_recovered", f"{s.label} ({s.uuid}) answers again", gpu=s.index)
+        lost.clear()
+        lost.update(now)
+
+    return on_sample
 
 
 def _kv_usage(supervisor: EngineSupervisor) -> float:

@@ -28,6 +28,8 @@ def error_response(exc: ApplianceError) -> web.Response:
     retry = getattr(exc, "retry_after_s", None)
     if retry is not None:
         headers["Retry-After"] = str(int(retry))
+    if not exc.retryable:
+        headers["x-should-retry"] = "false"  # honoured by the official OpenAI clients
     return web.Response(
         status=exc.status,
         text=json.dumps(error_body(exc)),

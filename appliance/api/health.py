@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from appliance.api.keys import SERVICES
+from appliance.api.keys import SERVICES, Services
 
 routes = web.RouteTableDef()
 
@@ -14,16 +14,33 @@ async def live(request: web.Request) -> web.Response:
     return web.json_response({"status": "alive"})
 
 
+def readiness(svc: Services) -> tuple[bool, str, str | None]:
+    """(ready, reason, detail): the engine's state first, then thermal PROTECT.
+
+    PROTECT (HBM at its limit, a core at its slowdown threshold, a lost GPU) admits only
+    realtime requests, so the box is not ready for general traffic: a balancer in front
+    should send it elsewhere until the policy clears it.
+    """
+    ok, reason = svc.supervisor.readiness()
+    if not ok:
+        return False, reason, None
+    if svc.admission.protect:
+        decision = svc.telemetry_loop.latest_decision
+        return False, "protect", decision.reason if decision is not None else None
+    return True, reason, None
+
+
 @routes.get("/health/ready")
 async def ready(request: web.Request) -> web.Response:
     svc = request.app[SERVICES]
-    ok, reason = svc.supervisor.readiness()
+    ok, reason, detail = readiness(svc)
     if ok:
         return web.json_response({"status": "ready"})
+    body = {"status": "not_ready", "reason": reason}
+    if detail:
+        body["detail"] = detail
     return web.json_response(
-        {"status": "not_ready", "reason": reason},
-        status=503,
-        headers={"Retry-After": str(svc.config.admission.retry_after_s)},
+        body, status=503, headers={"Retry-After": str(svc.config.admission.retry_after_s)}
     )
 
 

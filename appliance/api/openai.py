@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,11 @@ from appliance.api.validation import (
 from appliance.domain.engine_types import GenerationDelta, GenerationRequest
 from appliance.errors import ApplianceError, EngineDead, Unauthorized
 from appliance.logs import request_id_var
+
+log = logging.getLogger("appliance.requests")
+
+# When the request reached the daemon (set by the request-id middleware, before parsing).
+ARRIVED_S = web.RequestKey("arrived_s", float)
 
 routes = web.RouteTableDef()
 
@@ -181,9 +187,10 @@ def _record(
     m.requests_total.labels(status).inc()
     m.prompt_tokens_total.inc(len(parsed.prompt_token_ids))
     m.generated_tokens_total.inc(outcome.completion_tokens)
+    m.generated_tokens += outcome.completion_tokens
+    tpot: float | None = None
     if outcome.first_token_s is not None:
         ttft = outcome.first_token_s - arrived_s
-        tpot = None
         m.ttft_seconds.observe(ttft)
         if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
             tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
@@ -192,12 +199,35 @@ def _record(
             # The controller judges the engine, so its TTFT starts at admission: queue wait
             # grows when the limit shrinks, and counting it would cut the limit to the floor.
             svc.latency.add(time.monotonic(), outcome.first_token_s - outcome.admitted_s, tpot)
-    m.e2e_seconds.observe(time.monotonic() - arrived_s)
+    e2e = time.monotonic() - arrived_s
+    m.e2e_seconds.observe(e2e)
+    # One line per request: what `appliance logs analyze` ties latency spikes to.
+    log.info(
+        "request done",
+        extra={
+            "event": "request_done",
+            "request_id": request_id_var.get(),
+            "ev_status": status,
+            "ev_priority": parsed.lane.label,
+            "ev_kind": parsed.kind,
+            "ev_prompt_tokens": len(parsed.prompt_token_ids),
+            "ev_completion_tokens": outcome.completion_tokens,
+            "ev_finish_reason": outcome.finish_reason,
+            "ev_queue_wait_s": _round(outcome.admitted_s, arrived_s),
+            "ev_ttft_s": _round(outcome.first_token_s, arrived_s),
+            "ev_tpot_s": None if tpot is None else round(tpot, 6),
+            "ev_e2e_s": round(e2e, 6),
+        },
+    )
+
+
+def _round(at_s: float | None, since_s: float) -> float | None:
+    return None if at_s is None else round(at_s - since_s, 6)
 
 
 async def _serve(request: web.Request, svc: Services, parsed: ParsedRequest) -> web.StreamResponse:
     """Admission, generation, and the response: JSON or an SSE stream."""
-    arrived_s = time.monotonic()
+    arrived_s = request.get(ARRIVED_S, time.monotonic())
     request_id = request_id_var.get() or uuid.uuid4().hex
     svc.supervisor.check_admitting()
     deadline_abs = arrived_s + parsed.deadline_ms / 1000 if parsed.deadline_ms else None

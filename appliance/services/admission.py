@@ -41,6 +41,7 @@ class DeadlineExceeded(ApplianceError):
     status = 408
     type = "timeout_error"
     code = "deadline_exceeded"
+    retryable = False
 
 
 @dataclass(eq=False)

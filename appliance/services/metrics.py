@@ -57,6 +57,8 @@ class Metrics:
         self.generated_tokens_total = Counter(
             "appliance_generated_tokens", "Tokens generated", registry=r
         )
+        # The same count as a plain number, for joules per token without reading the registry.
+        self.generated_tokens = 0
         self.prompt_tokens_total = Counter(
             "appliance_prompt_tokens", "Prompt tokens processed", registry=r
         )

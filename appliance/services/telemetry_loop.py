@@ -19,6 +19,7 @@ from appliance.adapters.nvml import NvmlTelemetry
 from appliance.adapters.replay import ReplayTelemetry
 from appliance.adapters.simgpu import SimGpu
 from appliance.domain import thermal
+from appliance.domain.energy import EnergyPerToken
 from appliance.domain.gpu_sample import GpuSample, Telemetry
 from appliance.domain.thermal import ThermalDecision, ThermalPolicyConfig, ThermalState
 from appliance.telemetry_config import TelemetryConfig
@@ -63,6 +64,7 @@ class TelemetryLoop:
         on_decision: Callable[[ThermalDecision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         initial_state: ThermalState | None = None,
+        tokens_fn: Callable[[], int] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -82,6 +84,9 @@ class TelemetryLoop:
         # Sum of positive energy-counter steps over all GPUs since the loop started: the
         # source for appliance_energy_joules_total.
         self.energy_total_j = 0.0
+        # Generated tokens so far (the API's counter), for joules per token.
+        self._tokens_fn = tokens_fn
+        self.energy_per_token = EnergyPerToken(window_s=60.0)
         self.samples_taken = 0
         self.errors = 0
         self.consecutive_errors = 0
@@ -165,6 +170,11 @@ class TelemetryLoop:
         delta = thermal.energy_delta_j(self.latest_samples, samples)
         if delta is not None:
             self.energy_total_j += delta
+        if self._tokens_fn is not None:
+            try:
+                self.energy_per_token.add(now, self.energy_total_j, self._tokens_fn())
+            except Exception:
+                log.exception("telemetry: token count failed")
         self.latest_samples = list(samples)
         self.last_sample_at_s = now
         self._call(self._on_sample, list(samples), "on_sample")

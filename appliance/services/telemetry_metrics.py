@@ -61,3 +61,11 @@ class TelemetryCollector:
         )
         energy.add_metric([], self._loop.energy_total_j)
         yield energy
+        per_token = self._loop.energy_per_token.recent_j()
+        fam = GaugeMetricFamily(
+            "appliance_energy_per_token_joules",
+            "GPU energy per generated token over the last minute (absent while idle)",
+        )
+        if per_token is not None:
+            fam.add_metric([], per_token)
+        yield fam
