@@ -78,6 +78,9 @@ class Model:
         }
         self.latest_latency: dict[str, float | None] = dict.fromkeys(self.latency)
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
+        self.events_added = 0  # moves with every new event: screens skip work when it stands
+        # Counts job_* events seen: the Maintenance and Benchmarks screens refetch when it moves.
+        self.job_events = 0
         self._seen_seq: set[int] = set()
         self._scrapes: deque[Scrape] = deque()
         self.jobs: dict[str, Any] | None = None
@@ -115,6 +118,9 @@ class Model:
             if len(self._seen_seq) > 4 * EVENTS_KEPT:
                 self._seen_seq = {e["seq"] for e in self.events if isinstance(e.get("seq"), int)}
         self.events.append(event)
+        self.events_added += 1
+        if str(event.get("kind", "")).startswith("job_"):
+            self.job_events += 1
         return True
 
     def ingest_metrics(self, text: str, now_s: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from textual.pilot import Pilot
 from textual.widget import Widget
+from textual.widgets import DataTable
 
 from appliance.api.app import build_app as build_daemon
 from appliance.api.keys import SERVICES, Services
 from appliance.config import parse_config
+from appliance.domain.analysis import SweepPoint, find_knee, pareto_front, weighted_score
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer
 from tui.app import ApplianceTui, build_app
@@ -274,6 +277,88 @@ async def test_maintenance_and_benchmarks_screens(live: Live) -> None:
             await until(pilot, lambda: "not available on this daemon" in text(note))
         await pilot.press("d")
         assert "READY" in text(app.screen.query_one("#engine-state"))
+
+
+async def test_run_a_job_now_through_the_confirmation(live: Live) -> None:
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("j")
+        table = app.screen.query_one("#jobs", DataTable)
+        await until(pilot, lambda: table.row_count >= 1)
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        table.move_cursor(row=names.index("restart"))
+        table.focus()
+        # No: nothing runs.
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "restart" in text(app.screen.query_one("#question"))
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.5)
+        assert live.svc.store.job_runs("restart") == []
+        assert len(live.engines) == 1
+        # Yes: the daemon records a run (a restart job restarts the engine), and the table
+        # follows the job's events to the outcome.
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: any("job restart started" in s for s in seen))
+        await until(
+            pilot, lambda: [r.outcome for r in live.svc.store.job_runs("restart")] == ["ok"], 10
+        )
+        runs = live.svc.store.job_runs("restart")
+        assert runs[0].trigger == "manual"
+        assert len(live.engines) == 2
+        row = names.index("restart")
+        await until(pilot, lambda: table.get_row_at(row)[4] == "ok", 10)
+        assert "manual" in text(app.screen.query_one("#job-history"))
+
+
+def _sweep() -> list[SweepPoint]:
+    def point(c: int, tok: float, p99: float) -> SweepPoint:
+        return SweepPoint(c, tok, c / 2, p99 / 2, p99, 0.02, 0.04, p99 + 1)
+
+    # 32 is slower and later than 16: off the Pareto front.
+    return [
+        point(1, 40, 0.1),
+        point(2, 75, 0.12),
+        point(4, 130, 0.2),
+        point(8, 190, 0.5),
+        point(16, 200, 1.9),
+        point(32, 195, 3.0),
+    ]
+
+
+async def test_benchmarks_mark_the_knee_and_the_pareto_front(live: Live) -> None:
+    points = _sweep()
+    knee = find_knee(points)
+    front = {p.concurrency for p in pareto_front(points)}
+    assert 0 < len(front) < len(points)
+    # Stored the way the re-benchmark job stores a sweep (BenchReport.to_dict's shape).
+    result = {
+        "levels": [{"concurrency": p.concurrency, "point": dataclasses.asdict(p)} for p in points],
+        "knee": knee.to_dict(),
+        "knee_limit": knee.concurrency,
+        "pareto": sorted(front),
+        "scores": weighted_score(points).to_dict(),
+    }
+    live.svc.store.add_benchmark("maintenance", result)
+    app = tui(live.client())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("b")
+        table = app.screen.query_one("#runs", DataTable)
+        await until(pilot, lambda: table.row_count == 1)
+        assert table.get_row_at(0)[1:3] == ["maintenance", str(knee.concurrency)]
+        shown = text(app.screen.query_one("#curve"))
+        lines = {int(line[1:5]): line for line in shown.splitlines() if line[1:5].strip().isdigit()}
+        assert sorted(lines) == [p.concurrency for p in points]
+        for conc, line in lines.items():
+            mark = "◆" if conc == knee.concurrency else ("·" if conc in front else " ")
+            assert line[0] == mark, line
+        assert f"◆ knee at {knee.concurrency}" in shown and "Pareto front" in shown
 
 
 async def test_help_screen(live: Live) -> None:

@@ -84,9 +84,15 @@ JOBS = {
             "name": "restart",
             "schedule": "cron 03:00",
             "next_run_s": T0 + 3600,
+            # Newest first, as the daemon sends it (StateStore.job_runs: ORDER BY id DESC).
             "history": [
-                {"started_s": T0 - 86400, "trigger": "schedule", "outcome": "ok"},
                 {"started_s": T0 - 600, "trigger": "manual", "outcome": "ok"},
+                {
+                    "started_s": T0 - 86400,
+                    "trigger": "schedule",
+                    "outcome": "failed",
+                    "error": "engine busy",
+                },
             ],
         },
         {
@@ -94,12 +100,7 @@ JOBS = {
             "schedule": "weekly sun 04:00",
             "next_run_s": T0 + 86400,
             "history": [
-                {
-                    "started_s": T0 - 7200,
-                    "trigger": "schedule",
-                    "outcome": "failed",
-                    "error": "engine busy",
-                },
+                {"started_s": T0 - 7200, "trigger": "schedule", "outcome": "skipped"},
             ],
         },
     ]

@@ -15,6 +15,8 @@ import pytest
 from tests.tui.test_tui_pilot import Live, start_live
 
 ROOT = Path(__file__).resolve().parents[2]
+# The console script installed next to this interpreter: what an operator types.
+APPLIANCE = Path(sys.executable).with_name("appliance")
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -45,10 +47,11 @@ async def live(tmp_path: Path) -> Live:
 
 
 async def test_tui_in_tmux(live: Live) -> None:
+    assert APPLIANCE.exists(), f"{APPLIANCE} missing: install the project (pip install -e .)"
     session = f"tui-test-{uuid.uuid4().hex[:8]}"
     command = (
-        f"cd {ROOT} && env -u APPLIANCE_ADMIN_TOKEN TERM=xterm-256color {sys.executable} "
-        f"-m tui --url {live.url} --token-file {live.token_file} --refresh 0.5"
+        f"cd {ROOT} && env -u APPLIANCE_ADMIN_TOKEN TERM=xterm-256color {APPLIANCE} "
+        f"tui --url {live.url} --token-file {live.token_file} --refresh 0.5"
     )
     tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", command)
     try:

@@ -91,16 +91,28 @@ class BenchmarksScreen(ApplianceScreen):
     def on_mount(self) -> None:
         self.query_one("#runs", DataTable).add_columns("when", "source", "knee", "limit")
         self.query_one("#curve", Static).border_title = "throughput / P99 vs concurrency"
+        self._drawn: list[dict[str, Any]] | None = None
+        self._note: str | None = None
+        self._job_events = self.tui.model.job_events
 
     def on_screen_resume(self) -> None:
+        self._job_events = self.tui.model.job_events  # the load below covers them
         super().on_screen_resume()
         self.tui.load_benchmarks()
 
     def show(self, model: Model) -> None:
+        if model.job_events != self._job_events:
+            # A job finished (perhaps the re-benchmark): fetch the stored runs again.
+            self._job_events = model.job_events
+            self.tui.load_benchmarks()
         found = runs(model.benchmarks)
-        self.query_one("#bench-note", Static).update(
-            model.benchmarks_error or ("" if found else "no benchmark runs stored")
-        )
+        note = model.benchmarks_error or ("" if found else "no benchmark runs stored")
+        if note != self._note:
+            self._note = note
+            self.query_one("#bench-note", Static).update(note)
+        if found == self._drawn:
+            return  # nothing changed: every poll lands here, so leave the table alone
+        self._drawn = found
         table = self.query_one("#runs", DataTable)
         cursor = table.cursor_row
         table.clear()
@@ -108,7 +120,7 @@ class BenchmarksScreen(ApplianceScreen):
             result = _result(run)
             table.add_row(
                 fmt.when(run.get("ts_s")),
-                str(run.get("source", ""))[:10],
+                str(run.get("source", ""))[:12],
                 fmt.num(fmt.get(result, "knee", "concurrency")),
                 fmt.num(result.get("recommended_limit", result.get("knee_limit"))),
             )

@@ -25,6 +25,11 @@ def matches(event: dict[str, Any], words: list[str]) -> bool:
     return all(w in text for w in words)
 
 
+def _key(event: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one event from the next (seq where the daemon numbers them)."""
+    return (event.get("seq"), event.get("ts_s"), event.get("kind"), event.get("reason"))
+
+
 class EventsScreen(ApplianceScreen):
     """Newest at the bottom; the filter narrows by kind or any word."""
 
@@ -44,7 +49,8 @@ class EventsScreen(ApplianceScreen):
         table.add_column("#", width=5)
         table.add_column("kind", width=18)
         table.add_column("reason")
-        self._shown = -1
+        self._shown: tuple[Any, ...] | None = None
+        self._seen_added = -1
         self._filter: list[str] = []
         # The table, not the filter, takes focus: single-key bindings must keep working.
         table.focus()
@@ -62,12 +68,18 @@ class EventsScreen(ApplianceScreen):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._filter = event.value.lower().split()
-        self._shown = -1  # redraw everything under the new filter
+        self._shown = None  # redraw everything under the new filter
+        self._seen_added = -1
         self.show(self.tui.model)
 
     def show(self, model: Model) -> None:
+        if model.events_added == self._seen_added:
+            return  # no event arrived since the last draw: skip even the filtering
+        self._seen_added = model.events_added
         events = [e for e in model.events if matches(e, self._filter)][-ROWS_SHOWN:]
-        if len(events) == self._shown:
+        # The count alone stops moving once ROWS_SHOWN events match: key on the newest too.
+        shown = (len(events), _key(events[-1]) if events else None)
+        if shown == self._shown:
             return  # nothing new: leave the table (and the cursor) alone
         table = self.query_one(DataTable)
         table.clear()
@@ -78,6 +90,6 @@ class EventsScreen(ApplianceScreen):
                 str(e.get("kind", "")),
                 str(e.get("reason", "")),
             )
-        self._shown = len(events)
+        self._shown = shown
         if events:
             table.move_cursor(row=len(events) - 1)

@@ -11,6 +11,8 @@ from tui import fmt
 from tui.model import Model
 from tui.screens.base import ApplianceScreen
 
+HISTORY_SHOWN = 6
+
 
 def job_list(payload: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Jobs from /admin/jobs, whether it answers {jobs: [...]}, {jobs: {name: ...}} or a list."""
@@ -22,11 +24,42 @@ def job_list(payload: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [j for j in jobs if isinstance(j, dict) and j.get("name")]
 
 
-def _runs(job: dict[str, Any]) -> list[dict[str, Any]]:
+def runs_newest_first(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job's runs, newest first, as the daemon sends them (its store reads ORDER BY id DESC)."""
     runs = job.get("history") or job.get("runs") or []
     if not runs and isinstance(job.get("last_run"), dict):
         runs = [job["last_run"]]
     return [r for r in runs if isinstance(r, dict)]
+
+
+def job_row(job: dict[str, Any]) -> tuple[str, ...]:
+    """One table row: name, schedule, next run, and the newest run's start and outcome."""
+    runs = runs_newest_first(job)
+    last = runs[0] if runs else {}
+    next_run = (
+        fmt.when(job["next_run_s"])
+        if job.get("next_run_s")
+        else str(job.get("next_run") or fmt.NA)[:19]
+    )
+    return (
+        str(job["name"]),
+        str(job.get("schedule") or job.get("cron") or fmt.NA)[:24],
+        next_run,
+        fmt.when(last.get("started_s")),
+        str(last.get("outcome", fmt.NA)),
+    )
+
+
+def history_text(job: dict[str, Any]) -> str:
+    """The newest runs of a job, newest on top."""
+    lines = [f"[b]{job['name']}[/] history, newest first"]
+    for run in runs_newest_first(job)[:HISTORY_SHOWN]:
+        err = f"  {run['error']}" if run.get("error") else ""
+        lines.append(
+            f"{fmt.when(run.get('started_s'))}  {run.get('trigger', ''):<9}"
+            f" {run.get('outcome', fmt.NA)}{err}"[:78]
+        )
+    return "\n".join(lines)
 
 
 class MaintenanceScreen(ApplianceScreen):
@@ -43,44 +76,47 @@ class MaintenanceScreen(ApplianceScreen):
         table = self.query_one("#jobs", DataTable)
         table.add_columns("job", "schedule", "next run", "last", "outcome")
         self._names: list[str] = []
+        self._drawn: list[dict[str, Any]] | None = None
+        self._note: str | None = None
+        self._history: str | None = None
+        self._job_events = self.tui.model.job_events
 
     def on_screen_resume(self) -> None:
+        self._job_events = self.tui.model.job_events  # the load below covers them
         super().on_screen_resume()
         self.tui.load_jobs()
 
     def show(self, model: Model) -> None:
-        note = self.query_one("#jobs-note", Static)
+        if model.job_events != self._job_events:
+            # A job started or finished: fetch the history again (it redraws when it lands).
+            self._job_events = model.job_events
+            self.tui.load_jobs()
         jobs = job_list(model.jobs)
-        note.update(model.jobs_error or ("" if jobs else "no jobs reported"))
+        note = model.jobs_error or ("" if jobs else "no jobs reported")
+        if note != self._note:
+            self._note = note
+            self.query_one("#jobs-note", Static).update(note)
+        if jobs == self._drawn:
+            return  # nothing changed: every poll lands here, so leave the table alone
+        self._drawn = jobs
         table = self.query_one("#jobs", DataTable)
         cursor = table.cursor_row
         table.clear()
-        self._names = []
+        self._names = [str(job["name"]) for job in jobs]
         for job in jobs:
-            runs = _runs(job)
-            last = runs[-1] if runs else {}
-            table.add_row(
-                str(job["name"]),
-                str(job.get("schedule") or job.get("cron") or fmt.NA)[:24],
-                fmt.when(job.get("next_run_s")) if job.get("next_run_s") else
-                str(job.get("next_run") or fmt.NA)[:19],
-                fmt.when(last.get("started_s")),
-                str(last.get("outcome", fmt.NA)),
-            )
-            self._names.append(str(job["name"]))
+            table.add_row(*job_row(job))
         if self._names:
             table.move_cursor(row=min(cursor, len(self._names) - 1))
             self._show_history(jobs[table.cursor_row])
+        elif self._history:
+            self._history = ""
+            self.query_one("#job-history", Static).update("")
 
     def _show_history(self, job: dict[str, Any]) -> None:
-        lines = [f"[b]{job['name']}[/] history"]
-        for run in _runs(job)[-6:]:
-            err = f"  {run['error']}" if run.get("error") else ""
-            lines.append(
-                f"{fmt.when(run.get('started_s'))}  {run.get('trigger', ''):<9}"
-                f" {run.get('outcome', fmt.NA)}{err}"[:78]
-            )
-        self.query_one("#job-history", Static).update("\n".join(lines))
+        text = history_text(job)
+        if text != self._history:
+            self._history = text
+            self.query_one("#job-history", Static).update(text)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         jobs = job_list(self.tui.model.jobs)
