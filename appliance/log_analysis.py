@@ -48,6 +48,16 @@ RESOURCES: tuple[tuple[str, str, str | None], ...] = (
     ("gpu_memory", "gpu_memory_used_bytes", "gpu_memory_total_bytes"),
 )
 SAMPLE_LATENCIES = ("p99_ttft_s", "p99_tpot_s", "p99_e2e_s")
+# The names above -> what the daemon's metric-history rows call them (the same row feeds the
+# SQLite history, the TUI and recalibration, so the log reads them as they are).
+FIELD_ALIASES = {
+    "p99_ttft_s": "ttft_p99_s",
+    "p99_tpot_s": "tpot_p99_s",
+    "p99_e2e_s": "e2e_p99_s",
+    "queue_depth": "queued",
+    "requests_in_flight": "in_flight",
+    "concurrency_limit": "limit",
+}
 REQUEST_LATENCIES = ("ttft_s", "e2e_s")
 
 _OOM_TEXT = re.compile(
@@ -75,10 +85,15 @@ class LogRecord:
     raw: bool = False
 
     def value(self, name: str) -> Any:
-        """An event field by bare name (ev_ prefixed or not)."""
-        if f"ev_{name}" in self.fields:
-            return self.fields[f"ev_{name}"]
-        return self.fields.get(name)
+        """An event field by bare name (ev_ prefixed or not, or the daemon's own alias)."""
+        for key in (name, FIELD_ALIASES.get(name)):
+            if key is None:
+                continue
+            if f"ev_{key}" in self.fields:
+                return self.fields[f"ev_{key}"]
+            if key in self.fields:
+                return self.fields[key]
+        return None
 
     def number(self, name: str) -> float | None:
         """A finite numeric field, else None."""

@@ -165,7 +165,9 @@ def main() -> int:
     results: dict[str, list[dict[int, dict[str, Any]]]] = {"appliance": [], "vllm": []}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for r in range(args.rounds):
-            for side in ("appliance", "vllm"):
+            # Alternate who goes first, so warm caches or a drifting machine favour neither.
+            order = ("appliance", "vllm") if r % 2 == 0 else ("vllm", "appliance")
+            for side in order:
                 port = free_port()
                 print(f"round {r + 1}: starting {side}", flush=True)
                 if side == "appliance":
@@ -178,8 +180,15 @@ def main() -> int:
                                 "max_num_seqs": MAX_NUM_SEQS,
                                 "kv_cache_space_gib": KV_GIB,
                             },
-                            # Admission must not be the bottleneck in a like-for-like run.
-                            "admission": {"concurrency_limit": MAX_NUM_SEQS},
+                            # Admission must not be the bottleneck in a like-for-like run:
+                            # the limit at the engine's own max_num_seqs, held there (the
+                            # controller would steer it to the SLO, which vLLM's server
+                            # does not have), and no queue timeout shorter than vLLM's.
+                            "admission": {
+                                "concurrency_limit": MAX_NUM_SEQS,
+                                "max_queue_wait_s": 3600,
+                            },
+                            "controller": {"mode": "manual"},
                             "logging": {"level": "warning"},
                         },
                         Path(tmp) / f"appliance-{r}",

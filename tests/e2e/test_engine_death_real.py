@@ -6,13 +6,15 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import aiohttp
 import psutil
 import pytest
 
-from tests.conftest import Daemon
+from tests.conftest import ROOT, Daemon
 
 pytestmark = pytest.mark.engine
 
@@ -75,3 +77,33 @@ async def test_killed_engine_core_is_detected_and_restarted(daemon: Daemon):
             daemon.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 8}
         )
         assert r.status == 200
+    # The cause is in the metrics and in the event stream.
+    code, _ = daemon.get("/health/live")
+    assert code == 200
+    import urllib.request
+
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("appliance_engine_restarts_total{"))
+    assert 'cause="engine_dead"' in text and float(line.split()[-1]) >= 1, line
+    dead = [
+        e
+        for e in snap["events"]
+        if e["kind"] == "engine_state" and e["data"].get("state") == "engine_dead"
+    ]
+    assert dead and "engine core process is gone" in dead[-1]["reason"]
+
+    # `appliance logs analyze` over this daemon's own log (not a hand-made one) finds the
+    # death, reads the daemon's metric samples and request lines.
+    proc = subprocess.run(
+        [sys.executable, "-m", "appliance", "logs", "analyze", str(daemon.log_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["samples"] > 0 and report["requests"] > 0, report
+    assert any("engine_dead" in f["kinds"] for f in report["failures"]), report["failures"]
+    assert any(e["category"] == "restart" for e in report["events"]), report["events"]

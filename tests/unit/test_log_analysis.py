@@ -279,6 +279,19 @@ def _ttft_log(values: list[float], *extra: str, step_s: float = 10) -> list[LogR
 QUIET = [0.5, 0.45, 0.55, 0.5, 0.5, 0.52]
 
 
+def test_the_daemons_own_row_names_are_read() -> None:
+    # The daemon logs its metric-history rows as they are stored (ttft_p99_s, queued, ...):
+    # a spike in them after a thermal event is found and tied to it.
+    lines = [
+        _sample(i * 10, ttft_p99_s=v, queued=3, in_flight=4, limit=4)
+        for i, v in enumerate([*QUIET, 3.0, 3.5, 0.5, 0.5])
+    ]
+    lines.append(_event(55, "thermal", "gpu0 hot: derate", level="derate"))
+    (spike,) = analyze(parse_lines(lines)).spikes
+    assert spike.metric == "p99_ttft_s" and spike.peak_s == 3.5
+    assert [c.event.category for c in spike.causes] == ["derate"]
+
+
 def test_spike_with_nothing_nearby_has_no_causes() -> None:
     (spike,) = analyze(_ttft_log([*QUIET, 3.0, 3.5, 0.5, 0.5])).spikes
     assert spike.causes == ()
