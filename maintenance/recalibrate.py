@@ -86,6 +86,16 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def diff(before: Thresholds, after: Thresholds) -> dict[str, list[float]]:
+    """{field: [before, after]} for each field that changed."""
+    a, b = before.to_dict(), after.to_dict()
+    return {k: [float(a[k]), float(b[k])] for k in b if a.get(k) != b[k]}
+
+
+def describe(changes: dict[str, list[float]]) -> str:
+    return ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in changes.items()) or "no change"
+
+
 async def recalibrate_thresholds(
     store: StateStore,
     history: Callable[[float], list[dict[str, Any]]],
@@ -98,13 +108,46 @@ async def recalibrate_thresholds(
     """Recompute, store (previous set kept), apply, regenerate rules; event with the diff."""
     rows = history(time.time() - HISTORY_WINDOW_S)
     result = recalibrate(current, rows, bounds)
+    if store.active_thresholds() is None:
+        # The first recalibration replaces the configured values: store them first, so
+        # there is a set to roll back to.
+        store.save_thresholds("config", current.to_dict())
     store.save_thresholds("recalibration", result.thresholds.to_dict())
     apply(result.thresholds)
     write_atomic(rules_path, render_rules(result.thresholds))
-    diff = ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in result.changes.items()) or "no change"
+    changes = {k: list(v) for k, v in result.changes.items()}
     events.emit(
         "recalibrated",
-        f"thresholds recalibrated from {len(rows)} samples: {diff}",
-        changes={k: list(v) for k, v in result.changes.items()},
+        f"thresholds recalibrated from {len(rows)} samples: {describe(changes)}",
+        changes=changes,
     )
     return {**result.to_dict(), "rules_path": str(rules_path)}
+
+
+def rollback_thresholds(
+    store: StateStore,
+    current: Thresholds,
+    events: EventBus,
+    rules_path: Path,
+    apply: Callable[[Thresholds], None],
+) -> dict[str, Any] | None:
+    """Re-activate the set before the active one, apply it, regenerate the rules; an event
+    with the diff. None when there is no earlier set."""
+    restored = store.rollback_thresholds()
+    if restored is None:
+        return None
+    # A set stored by an older version may lack a field: that field keeps its current value.
+    known: dict[str, Any] = current.to_dict()
+    known.update((k, v) for k, v in restored["data"].items() if k in known)
+    thresholds = Thresholds(**known)
+    apply(thresholds)
+    write_atomic(rules_path, render_rules(thresholds))
+    changes = diff(current, thresholds)
+    events.emit(
+        "thresholds_rolled_back",
+        f"thresholds rolled back to set {restored['id']} ({restored['source']}): "
+        f"{describe(changes)}",
+        restored_id=restored["id"],
+        changes=changes,
+    )
+    return {"restored": restored, "changes": changes, "rules_path": str(rules_path)}

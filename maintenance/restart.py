@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -11,29 +13,58 @@ from appliance.domain.gpu_sample import GpuSample
 from appliance.services.supervisor import EngineSupervisor
 
 
-def memory_snapshot(supervisor: EngineSupervisor, gpus: list[GpuSample]) -> dict[str, Any]:
-    """RSS of the daemon and of the engine's processes; GPU memory in use where reported.
-
-    On the CPU engine fragmentation shows as engine-process RSS; on a GPU the engine holds a
-    fixed reservation, so NVML's used memory is the figure (sampled by the telemetry loop).
-    """
-    engine_rss = 0
+def engine_rss(supervisor: EngineSupervisor) -> int:
+    """The summed RSS of the engine's processes (0 when it has none to see)."""
+    total = 0
     try:
         pids = supervisor.engine.child_pids()
     except Exception:
         pids = []
     for pid in pids:
         try:
-            engine_rss += psutil.Process(pid).memory_info().rss
+            total += psutil.Process(pid).memory_info().rss
         except psutil.Error:
             continue
+    return total
+
+
+def memory_snapshot(supervisor: EngineSupervisor, gpus: list[GpuSample]) -> dict[str, Any]:
+    """RSS of the daemon and of the engine's processes; GPU memory in use where reported.
+
+    On the CPU engine fragmentation shows as engine-process RSS; on a GPU the engine holds a
+    fixed reservation, so NVML's used memory is the figure (sampled by the telemetry loop).
+    """
     used = [g.mem_used_bytes for g in gpus if g.mem_used_bytes is not None and not g.lost]
     return {
         "daemon_rss_bytes": psutil.Process(os.getpid()).memory_info().rss,
-        "engine_rss_bytes": engine_rss,
+        "engine_rss_bytes": engine_rss(supervisor),
         "gpu_mem_used_bytes": sum(used) if used else None,
         "gpus_simulated": any(g.simulated for g in gpus),
     }
+
+
+class EngineRssBaseline:
+    """The engine processes' RSS right after the current engine started: the figure the
+    restart job's growth threshold compares with (fed from the `engine_started` event)."""
+
+    def __init__(self, measure: Callable[[], int]) -> None:
+        self._measure = measure
+        self.rss_bytes: int | None = None
+        self.taken_s: float | None = None
+
+    def take(self) -> None:
+        """Measure now; a figure of 0 (no engine processes to see) is no baseline."""
+        try:
+            rss = int(self._measure())
+        except Exception:
+            rss = 0
+        self.rss_bytes = rss or None
+        self.taken_s = time.time() if rss else None
+
+    def on_event(self, event: Any) -> None:
+        """An event sink: re-measure after every engine start (first, restart, recovery)."""
+        if getattr(event, "kind", None) == "engine_started":
+            self.take()
 
 
 async def defrag_restart(
@@ -42,22 +73,48 @@ async def defrag_restart(
     *,
     min_growth_ratio: float,
     baseline_engine_rss_bytes: int | None,
+    baseline_source: str | None = None,
 ) -> dict[str, Any]:
-    """Restart the engine gracefully unless memory has not grown past min_growth_ratio."""
+    """Restart the engine gracefully unless memory has not grown past min_growth_ratio.
+
+    Without a baseline (or without an engine RSS to compare) the growth cannot be judged:
+    the engine restarts on schedule and the details say why.
+    """
     before = memory_snapshot(supervisor, gpus())
-    if min_growth_ratio > 0 and baseline_engine_rss_bytes:
-        growth = before["engine_rss_bytes"] / baseline_engine_rss_bytes - 1
-        if growth < min_growth_ratio:
-            return {
-                "restarted": False,
-                "before": before,
-                "growth_ratio": round(growth, 4),
-                "why": f"engine memory grew {growth:.1%} < {min_growth_ratio:.0%}",
-            }
+    check: dict[str, Any] = {}
+    if min_growth_ratio > 0:
+        check = {
+            "min_growth_ratio": min_growth_ratio,
+            "baseline_engine_rss_bytes": baseline_engine_rss_bytes,
+            "baseline_source": baseline_source,
+        }
+        if not baseline_engine_rss_bytes:
+            check["why"] = (
+                "no baseline (no engine RSS after start, no earlier restart recorded): "
+                "growth unknown, restarting on schedule"
+            )
+        elif not before["engine_rss_bytes"]:
+            check["why"] = "engine RSS not measurable now: growth unknown, restarting on schedule"
+        else:
+            growth = before["engine_rss_bytes"] / baseline_engine_rss_bytes - 1
+            check["growth_ratio"] = round(growth, 4)
+            if growth < min_growth_ratio:
+                return {
+                    "restarted": False,
+                    "before": before,
+                    **check,
+                    "why": f"engine memory grew {growth:.1%} since {baseline_source}, "
+                    f"below restart_min_growth_ratio {min_growth_ratio:.0%}",
+                }
+            check["why"] = (
+                f"engine memory grew {growth:.1%} since {baseline_source}, "
+                f"at least restart_min_growth_ratio {min_growth_ratio:.0%}"
+            )
     seconds = await supervisor.restart("scheduled defrag restart", cause="maintenance")
     after = memory_snapshot(supervisor, gpus())
     return {
         "restarted": True,
+        **check,
         "restart_s": round(seconds, 1),
         "before": before,
         "after": after,

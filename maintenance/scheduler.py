@@ -60,6 +60,8 @@ class MaintenanceScheduler:
         self._guard = guard
         self._on_outcome = on_outcome
         self._running: set[str] = set()
+        # Deferrals since the daemon started, per job: shown by jobs_info (/admin/jobs).
+        self._deferrals: dict[str, dict[str, Any]] = {}
         self._scheduler = AsyncIOScheduler(
             timezone=cfg.timezone,
             job_defaults={
@@ -73,6 +75,9 @@ class MaintenanceScheduler:
     @property
     def names(self) -> list[str]:
         return list(self._jobs)
+
+    def is_running(self, name: str) -> bool:
+        return name in self._running
 
     def trigger_for(self, name: str) -> CronTrigger:
         return cron_trigger(self._jobs[name].cron, self._cfg.timezone)
@@ -100,16 +105,25 @@ class MaintenanceScheduler:
     def _catch_up_missed(self) -> None:
         """A fire time that passed while the daemon was down: run once if within the grace
         time (coalesced), else record it as missed. The memory job store cannot know this;
-        the job history in SQLite can."""
+        the job history in SQLite can.
+
+        A job that never ran counts from its baseline: the time this install first scheduled
+        it (stored at that first start). So a fresh install does not fire a catch-up for every
+        past date of the schedule, yet a first run that fell into a later downtime is caught up
+        or recorded as missed like any other, never silently lost.
+        """
         now = datetime.now(UTC)
         for job in self._jobs.values():
             if not job.enabled:
                 continue
+            baseline_s = float(
+                self._store.meta_setdefault(f"job_baseline_s:{job.name}", repr(now.timestamp()))
+            )
             runs = self._store.job_runs(job.name, limit=1)
-            if not runs:
-                continue  # never ran here: nothing was missed, the schedule starts now
-            last_run = datetime.fromtimestamp(runs[0].started_s, UTC)
-            due = last_due_between(self.trigger_for(job.name), last_run, now)
+            since_s = runs[0].started_s if runs else baseline_s
+            due = last_due_between(
+                self.trigger_for(job.name), datetime.fromtimestamp(since_s, UTC), now
+            )
             if due is None:
                 continue
             late_s = (now - due).total_seconds()
@@ -128,21 +142,47 @@ class MaintenanceScheduler:
                     replace_existing=True,
                 )
             else:
-                run_id = self._store.start_job_run(job.name, "schedule")
-                self._store.finish_job_run(
-                    run_id, "missed", {"due_s": due.timestamp(), "late_s": late_s}
+                self._record_missed(
+                    job.name, due, late_s, "while the daemon was down, > misfire_grace_s"
                 )
-                self._count(job.name, "missed")
-                self._events.emit(
-                    "job_missed",
-                    f"{job.name} missed its run at {due.isoformat()} "
-                    f"({late_s:.0f} s late > misfire_grace_s)",
-                    job=job.name,
-                )
+
+    def _record_missed(self, name: str, due: datetime, late_s: float, why: str) -> None:
+        """A run that will not happen: a job-history row, the counter and an event."""
+        run_id = self._store.start_job_run(name, "schedule")
+        self._store.finish_job_run(
+            run_id, "missed", {"due_s": due.timestamp(), "late_s": round(late_s, 1), "why": why}
+        )
+        self._count(name, "missed")
+        self._events.emit(
+            "job_missed",
+            f"{name} missed its run at {due.isoformat()} ({late_s:.0f} s late, {why})",
+            job=name,
+            late_s=round(late_s, 1),
+        )
+
+    def _job_name(self, job_id: str) -> str | None:
+        """The job behind a scheduler id (the cron job, its deferred retry or catch-up)."""
+        if job_id in self._jobs:
+            return job_id
+        for suffix in ("-deferred", "-catch-up"):
+            if job_id.endswith(suffix) and job_id.removesuffix(suffix) in self._jobs:
+                return job_id.removesuffix(suffix)
+        return None
 
     def _on_scheduler_event(self, event: JobExecutionEvent) -> None:
         if event.code == EVENT_JOB_MISSED:
-            self._events.emit("job_missed", f"{event.job_id} missed its run time", job=event.job_id)
+            # The loop was blocked (or the host suspended) past misfire_grace_s while the
+            # daemon ran: APScheduler drops the run, so record it as missed like a downtime.
+            name = self._job_name(event.job_id)
+            if name is None:
+                log.warning("scheduler job %s missed its run time", event.job_id)
+                return
+            due = event.scheduled_run_time
+            late_s = (datetime.now(UTC) - due).total_seconds()
+            what = "a deferred retry" if event.job_id.endswith("-deferred") else "its run"
+            self._record_missed(
+                name, due, late_s, f"{what} was due while the daemon ran, > misfire_grace_s"
+            )
         elif event.exception is not None:  # run_job catches job errors; this is a bug in it
             log.error("scheduler job %s raised: %s", event.job_id, event.exception)
 
@@ -155,11 +195,25 @@ class MaintenanceScheduler:
         if name not in self._jobs:
             raise UnknownJob(name)
         if name in self._running:
+            run_id = self._store.start_job_run(name, trigger)
+            self._store.finish_job_run(run_id, "skipped", {"why": "already running"})
+            self._count(name, "skipped")
+            self._events.emit(
+                "job_skipped", f"{name} not started ({trigger}): already running", job=name
+            )
             return "skipped"
         busy = self._guard()
         if busy is not None and trigger != "forced":
             if attempt < self._cfg.defer_max_retries:
                 when = datetime.now(UTC) + timedelta(seconds=self._cfg.defer_retry_s)
+                record = self._deferrals.setdefault(name, {"count": 0})
+                record.update(
+                    count=record["count"] + 1,
+                    last_reason=busy,
+                    last_s=time.time(),
+                    attempt=attempt + 1,
+                    retry_at=when.isoformat(),
+                )
                 self._scheduler.add_job(
                     self.run_job,
                     DateTrigger(when),
@@ -215,6 +269,11 @@ class MaintenanceScheduler:
         for job in self._jobs.values():
             sched = self._scheduler.get_job(job.name) if self._scheduler.running else None
             next_run = sched.next_run_time if sched is not None else None
+            deferral = self._deferrals.get(job.name)
+            if deferral is not None:
+                retry = self._scheduler.get_job(f"{job.name}-deferred")
+                # retry_at only while a retry is still pending.
+                deferral = {**deferral, "retry_at": deferral["retry_at"] if retry else None}
             out.append(
                 {
                     "name": job.name,
@@ -222,6 +281,9 @@ class MaintenanceScheduler:
                     "enabled": job.enabled,
                     "running": job.name in self._running,
                     "next_run": next_run.isoformat() if next_run else None,
+                    # Deferrals by the load guard since the daemon started: count, last
+                    # reason and time, the attempt and the pending retry (None: none).
+                    "deferred": deferral,
                     "history": [
                         {
                             "id": r.id,

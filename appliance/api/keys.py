@@ -21,6 +21,7 @@ from appliance.services.metrics import Metrics
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
+from maintenance.restart import EngineRssBaseline
 from maintenance.scheduler import MaintenanceScheduler
 
 
@@ -49,15 +50,18 @@ class Services:
     # Set in the maintenance cleanup context (they need the running loop).
     history: HistorySampler = None  # type: ignore[assignment]
     scheduler: MaintenanceScheduler = None  # type: ignore[assignment]
-    # The throughput knee from the last benchmark: the concurrency ceiling.
+    # The engine's RSS right after its latest start: the restart job's growth baseline.
+    engine_rss_baseline: EngineRssBaseline | None = None
+    # The throughput knee from the last benchmark: the concurrency ceiling. Stored with the
+    # benchmark and reloaded at start (maintenance_ctx), so a restart does not forget it.
     ceiling: int | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
-    def set_ceiling(self, limit: int) -> None:
+    def set_ceiling(self, limit: int, source: str = "the benchmark knee") -> None:
         """Hand the benchmark's knee on as the concurrency ceiling."""
         self.ceiling = limit
         self.events.emit(
-            "ceiling", f"concurrency ceiling set to {limit} from the benchmark knee", ceiling=limit
+            "ceiling", f"concurrency ceiling set to {limit} from {source}", ceiling=limit
         )
 
 

@@ -1,26 +1,38 @@
 """Maintenance at the edge: the store, metric history and scheduler wired to the daemon's
-services, and the admin routes for jobs and benchmarks."""
+services, and the admin routes for jobs, benchmarks and threshold sets."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from appliance.api.keys import SERVICES, Services
 from appliance.domain.recalibrate import Bounds, Thresholds
-from appliance.errors import NotFound
+from appliance.errors import ApplianceError, NotFound
 from appliance.services.admission import Lane
 from appliance.services.history import HistorySampler
+from appliance.services.store import StateStore
+from appliance.services.supervisor import EngineState
 from maintenance.rebenchmark import rebenchmark
-from maintenance.recalibrate import recalibrate_thresholds
-from maintenance.restart import defrag_restart
+from maintenance.recalibrate import recalibrate_thresholds, rollback_thresholds
+from maintenance.restart import EngineRssBaseline, defrag_restart, engine_rss
 from maintenance.scheduler import OUTCOMES, JobSpec, MaintenanceScheduler
 
 routes = web.RouteTableDef()
+
+
+class NoRollback(ApplianceError):
+    """Nothing to roll back to, or a recalibration is running right now."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "no_rollback"
+    retryable = False
 
 
 def history_row(svc: Services) -> dict[str, Any]:
@@ -79,9 +91,18 @@ def load_guard(svc: Services) -> str | None:
 
 def current_thresholds(svc: Services) -> Thresholds:
     """The active recalibrated set, else the configured values."""
-    stored = [t for t in svc.store.thresholds(limit=5) if t["active"]]
-    if stored:
-        return Thresholds(**stored[0]["data"])
+    configured = configured_thresholds(svc)
+    active = svc.store.active_thresholds()
+    if active is None:
+        return configured
+    # A set stored by an older version may lack a field: that field keeps the configured value.
+    values: dict[str, Any] = configured.to_dict()
+    values.update((k, v) for k, v in active["data"].items() if k in values)
+    return Thresholds(**values)
+
+
+def configured_thresholds(svc: Services) -> Thresholds:
+    """The values config.yaml sets (what applies before any recalibration)."""
     slo_ttft = svc.config.slo.ttft_p99_s
     return Thresholds(
         derate_core_c=svc.config.thermal.derate_core_c,
@@ -105,6 +126,40 @@ def apply_thresholds(svc: Services, t: Thresholds) -> None:
     )
 
 
+def rules_path(svc: Services) -> Path:
+    """The generated Prometheus rules file carrying the recalibrated thresholds."""
+    return svc.config.state_dir / "alerts.recalibrated.yml"
+
+
+def stored_ceiling(store: StateStore) -> tuple[int, dict[str, Any]] | None:
+    """The ceiling of the newest stored benchmark that set one, with that benchmark.
+
+    A sweep without a usable knee (e.g. capped by the daemon's own limit) left the ceiling
+    as it was, so the one in force is the newest that had a knee_limit.
+    """
+    for bench in store.benchmarks(limit=100):
+        limit = bench["result"].get("knee_limit")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+            return limit, bench
+    return None
+
+
+def restart_baseline(svc: Services) -> tuple[int | None, str | None]:
+    """The engine RSS to judge growth against, and where it comes from.
+
+    Preferred: the RSS right after the running engine started (whatever started it). Else
+    the RSS right after the last recorded defrag restart. Else none.
+    """
+    live = svc.engine_rss_baseline
+    if live is not None and live.rss_bytes:
+        return live.rss_bytes, "the engine's start"
+    for run in svc.store.job_runs("restart", limit=20):
+        after = run.details.get("after") or {}
+        if run.outcome == "ok" and run.details.get("restarted") and after.get("engine_rss_bytes"):
+            return int(after["engine_rss_bytes"]), f"the restart of job run {run.id}"
+    return None, None
+
+
 def build_scheduler(svc: Services) -> MaintenanceScheduler:
     """The three jobs with their explicit arguments, registered in one place."""
     m = svc.config.maintenance
@@ -112,17 +167,13 @@ def build_scheduler(svc: Services) -> MaintenanceScheduler:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{svc.config.server.port}"
 
     async def restart_job() -> dict[str, Any]:
-        last = [
-            r
-            for r in svc.store.job_runs("restart", limit=10)
-            if r.outcome == "ok" and r.details.get("restarted")
-        ]
-        baseline = last[0].details["after"]["engine_rss_bytes"] if last else None
+        baseline, source = restart_baseline(svc)
         return await defrag_restart(
             svc.supervisor,
             lambda: list(svc.telemetry_loop.latest_samples),
             min_growth_ratio=m.restart_min_growth_ratio,
             baseline_engine_rss_bytes=baseline,
+            baseline_source=source,
         )
 
     async def benchmark_job() -> dict[str, Any]:
@@ -149,7 +200,7 @@ def build_scheduler(svc: Services) -> MaintenanceScheduler:
             current_thresholds(svc),
             bounds,
             svc.events,
-            svc.config.state_dir / "alerts.recalibrated.yml",
+            rules_path(svc),
             lambda t: apply_thresholds(svc, t),
         )
 
@@ -173,13 +224,27 @@ def build_scheduler(svc: Services) -> MaintenanceScheduler:
 
 
 async def maintenance_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Start history sampling and the scheduler inside the running loop; stop them after."""
+    """Start history sampling and the scheduler inside the running loop; stop them after.
+
+    What earlier runs decided is restored first: the active threshold set and the
+    benchmark's concurrency ceiling.
+    """
     svc = app[SERVICES]
     svc.history = HistorySampler(svc.store, lambda: history_row(svc), svc.config.maintenance)
     await svc.history.start()
-    active = [t for t in svc.store.thresholds(limit=5) if t["active"]]
-    if active:
-        apply_thresholds(svc, Thresholds(**active[0]["data"]))
+    if svc.store.active_thresholds() is not None:
+        apply_thresholds(svc, current_thresholds(svc))
+    found = stored_ceiling(svc.store)
+    if svc.ceiling is None and found is not None:
+        limit, bench = found
+        svc.set_ceiling(limit, f"the stored benchmark {bench['id']}")
+    # The restart job's growth baseline: the engine RSS after every start from now on, and
+    # now if the engine came up before this context ran.
+    baseline = EngineRssBaseline(lambda: engine_rss(svc.supervisor))
+    svc.events.add_sink(baseline.on_event)
+    if svc.supervisor.state is EngineState.READY:
+        baseline.take()
+    svc.engine_rss_baseline = baseline
     svc.scheduler = build_scheduler(svc)
     svc.scheduler.start()
     yield
@@ -222,3 +287,43 @@ async def get_history(request: web.Request) -> web.Response:
     except ValueError:
         since = time.time() - 3600
     return web.json_response({"rows": svc.history.history(since)})
+
+
+@routes.get("/admin/thresholds")
+async def get_thresholds(request: web.Request) -> web.Response:
+    """The thresholds in force, the earlier sets (rollback targets, newest first) and the
+    sets that were rolled back."""
+    svc = request.app[SERVICES]
+    sets = svc.store.thresholds(limit=50)
+    active = svc.store.active_thresholds()
+    return web.json_response(
+        {
+            "active": {
+                "id": active["id"] if active else None,
+                "ts_s": active["ts_s"] if active else None,
+                "source": active["source"] if active else "config",
+                "data": current_thresholds(svc).to_dict(),
+            },
+            "previous": [t for t in sets if t["state"] == "previous"],
+            "rolled_back": [t for t in sets if t["state"] == "rolled_back"],
+            "rules_path": str(rules_path(svc)),
+        }
+    )
+
+
+@routes.post("/admin/thresholds/rollback")
+async def post_thresholds_rollback(request: web.Request) -> web.Response:
+    """Re-activate the set before the active one, apply it live, regenerate the rules."""
+    svc = request.app[SERVICES]
+    if svc.scheduler.is_running("recalibrate"):
+        raise NoRollback("thresholds: a recalibration is running; roll back after it ends")
+    result = rollback_thresholds(
+        svc.store,
+        current_thresholds(svc),
+        svc.events,
+        rules_path(svc),
+        lambda t: apply_thresholds(svc, t),
+    )
+    if result is None:
+        raise NoRollback("thresholds: no earlier set to roll back to")
+    return web.json_response({**result, "active": current_thresholds(svc).to_dict()})

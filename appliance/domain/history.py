@@ -9,11 +9,26 @@ from typing import Any
 Sample = tuple[float, dict[str, Any]]
 
 
+def is_peak_field(key: str) -> bool:
+    """Fields a rollup keeps the maximum of: `<key>_max` and tail percentiles (`_p99`).
+
+    A tail percentile does not compose: the p99 of an hour cannot be had from its minutes,
+    and their average hides exactly the spikes the latency alerts exist for (one bad minute
+    in an hour shrinks to 1/60 of itself). The maximum is an upper bound on the bucket's p99,
+    so recalibration errs toward the tail the box really showed; an SLO set from flattened
+    averages would sit below normal behaviour and make alerts and the controller fire on
+    ordinary traffic.
+    """
+    return key.endswith("_max") or "_p99" in key
+
+
 def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
-    """Average each numeric field per bucket_s bucket; `<key>_max` fields keep the maximum.
+    """Average each numeric field per bucket_s bucket; peak fields (`is_peak_field`) keep the
+    maximum.
 
     The bucket's timestamp is its start; `n` counts the fine samples it holds (weighted when
-    the inputs are rollups themselves), so a second rollup still averages correctly.
+    the inputs are rollups themselves), so a second rollup still averages correctly and
+    recalibration can weight each row by the time it covers.
     """
     if bucket_s <= 0:
         raise ValueError(f"bucket_s must be > 0, got {bucket_s}")
@@ -30,7 +45,7 @@ def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
             pairs = [
                 (r[key], w) for r, w in zip(rows, weights, strict=True) if _is_number(r.get(key))
             ]
-            if key.endswith("_max"):
+            if is_peak_field(key):
                 merged[key] = max(v for v, _ in pairs)
             else:
                 total = sum(w for _, w in pairs)

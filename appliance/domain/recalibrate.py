@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from appliance.domain.latency_window import percentile
-
-# Fewer samples than this say nothing about a percentile: keep the current value.
+# Fewer history rows than this say nothing about a percentile: keep the current value. Rows,
+# not weights: one hourly rollup stands for 720 samples but is still a single observation.
 MIN_SAMPLES = 30
 
 
@@ -58,7 +58,36 @@ class Recalibration:
 
 
 def _clamp(value: float, lo: float, hi: float) -> float:
-    return max(lo, min(hi, value))
+    """value within [lo, hi]; when the bounds cross, the upper (hardware) bound wins."""
+    return min(hi, max(lo, value))
+
+
+def weighted_percentile(pairs: Iterable[tuple[float, float]], q: float) -> float:
+    """The q-th percentile (0..100) of (value, weight) pairs.
+
+    Linear interpolation between ranks, as if each value were repeated `weight` times: with
+    integer weights this equals numpy's default percentile of the expanded list, and with
+    all weights 1 it is the plain percentile.
+    """
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q: must be in [0, 100], got {q}")
+    data = sorted((v, w) for v, w in pairs if w > 0)
+    if not data:
+        raise ValueError("pairs: need at least one positive weight for a percentile")
+    total = sum(w for _, w in data)
+    rank = max(0.0, (total - 1) * q / 100.0)
+    lo = math.floor(rank)
+
+    def at(position: float) -> float:
+        cumulative = 0.0
+        for value, weight in data:
+            cumulative += weight
+            if position < cumulative:
+                return value
+        return data[-1][0]
+
+    low = at(lo)
+    return low + (at(lo + 1) - low) * (rank - lo)
 
 
 def recalibrate(
@@ -68,33 +97,45 @@ def recalibrate(
     tpot_p99_s, queued); fields with too little data keep their current value.
 
     Thermal: derate a few degrees above the normal running peak (p99 of samples that were not
-    derated), so normal load never derates, but never above the hardware bound. Latency: the
-    SLO follows what the box delivers at its p95 with 25 % headroom; the alert fires at 1.5x.
+    derated), so normal load never derates, but never above the hardware bound: when the lower
+    bound is above the hardware limit, the hardware limit wins. Latency: the SLO follows what
+    the box delivers at its p95 with 25 % headroom; the alert fires at 1.5x.
+
+    Each row counts for the time it covers: a row's `n` is the number of raw samples it stands
+    for (1 for a raw row, about 12 for a minute rollup, 720 for an hour at 5 s sampling), so a
+    quarter of hourly rollups is not outvoted by the last day's raw samples.
     """
     notes: list[str] = []
     new = asdict(current)
+    for name, lo, hi in (
+        ("core", bounds.min_core_c, bounds.max_core_c),
+        ("mem", bounds.min_mem_c, bounds.max_mem_c),
+    ):
+        if lo > hi:
+            notes.append(f"min_{name}_c {lo:g} is above the limit {hi:g}: the limit wins")
 
-    def column(key: str, where: str | None = None) -> list[float]:
+    def column(key: str, where: str | None = None) -> list[tuple[float, float]]:
         out = []
         for row in history:
             v = row.get(key)
-            if isinstance(v, int | float) and not isinstance(v, bool):
+            if _is_number(v):
                 if where is not None and row.get(where):
                     continue
-                out.append(float(v))
+                w = row.get("n", 1)
+                out.append((float(v), float(w) if _is_number(w) else 1.0))
         return out
 
     core = column("core_temp_c_max", where="derated")
     if len(core) >= MIN_SAMPLES:
         new["derate_core_c"] = round(
-            _clamp(percentile(core, 99) + 3.0, bounds.min_core_c, bounds.max_core_c), 1
+            _clamp(weighted_percentile(core, 99) + 3.0, bounds.min_core_c, bounds.max_core_c), 1
         )
     else:
         notes.append(f"derate_core_c kept: {len(core)} samples < {MIN_SAMPLES}")
     mem = column("mem_temp_c_max", where="derated")
     if len(mem) >= MIN_SAMPLES:
         new["protect_mem_c"] = round(
-            _clamp(percentile(mem, 99) + 5.0, bounds.min_mem_c, bounds.max_mem_c), 1
+            _clamp(weighted_percentile(mem, 99) + 5.0, bounds.min_mem_c, bounds.max_mem_c), 1
         )
     else:
         notes.append(f"protect_mem_c kept: {len(mem)} samples < {MIN_SAMPLES}")
@@ -102,14 +143,15 @@ def recalibrate(
         values = column(col)
         if len(values) >= MIN_SAMPLES:
             new[key] = round(
-                _clamp(percentile(values, 95) * 1.25, bounds.min_slo_s, bounds.max_slo_s), 4
+                _clamp(weighted_percentile(values, 95) * 1.25, bounds.min_slo_s, bounds.max_slo_s),
+                4,
             )
         else:
             notes.append(f"{key} kept: {len(values)} samples < {MIN_SAMPLES}")
     new["alert_ttft_p99_s"] = round(new["slo_ttft_p99_s"] * 1.5, 4)
     queued = column("queued")
     if len(queued) >= MIN_SAMPLES:
-        new["alert_queue_depth"] = max(1.0, round(percentile(queued, 99) * 2, 1))
+        new["alert_queue_depth"] = max(1.0, round(weighted_percentile(queued, 99) * 2, 1))
     else:
         notes.append(f"alert_queue_depth kept: {len(queued)} samples < {MIN_SAMPLES}")
     result = Thresholds(**new)
@@ -119,3 +161,7 @@ def recalibrate(
         if getattr(current, k) != getattr(result, k)
     }
     return Recalibration(result, changes, tuple(notes), samples=len(history))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -80,9 +80,10 @@ class HistorySampler:
         self._store.replace_metric_samples(HOUR, now_s - c.history_hour_keep_s, [], HOUR)
 
     def history(self, since_s: float) -> list[dict[str, Any]]:
-        """Every stored row since since_s, coarse tiers first, oldest first."""
-        rows: list[tuple[float, dict[str, Any]]] = []
+        """Every stored row since since_s, oldest first, each with its `resolution_s` (0: raw)
+        and `n`, the raw samples it stands for (1 for a raw row): its weight in statistics."""
+        rows: list[tuple[float, int, dict[str, Any]]] = []
         for tier in (HOUR, MINUTE, RAW):
-            rows.extend(self._store.metric_samples(tier, since_s))
+            rows.extend((ts, tier, data) for ts, data in self._store.metric_samples(tier, since_s))
         rows.sort(key=lambda r: r[0])
-        return [{"ts_s": ts, **data} for ts, data in rows]
+        return [{"ts_s": ts, "resolution_s": tier, "n": 1, **data} for ts, tier, data in rows]

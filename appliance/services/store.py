@@ -231,6 +231,8 @@ class StateStore:
         return {int(r): int(n) for r, n in rows}
 
     # -- thresholds ------------------------------------------------------------------
+    # `active`: 1 the set in force, 0 an earlier set (a rollback target), -1 a set that was
+    # rolled back (kept for the record, never a rollback target again).
 
     def save_thresholds(self, source: str, data: dict[str, Any]) -> int:
         """Store a new active set; the previous ones stay for rollback."""
@@ -243,22 +245,65 @@ class StateStore:
             return int(cur.lastrowid or 0)
 
     def thresholds(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Newest first, each {id, ts_s, active, state, source, data}."""
         rows = self._query(
             "SELECT id, ts_s, active, source, data FROM thresholds ORDER BY id DESC LIMIT ?",
             (limit,),
         )
-        return [
-            {"id": i, "ts_s": t, "active": bool(a), "source": s, "data": json.loads(d)}
-            for i, t, a, s, d in rows
-        ]
+        return [_threshold_row(r) for r in rows]
+
+    def active_thresholds(self) -> dict[str, Any] | None:
+        """The set in force (as in thresholds()), or None while the configured values apply."""
+        rows = self._query(
+            "SELECT id, ts_s, active, source, data FROM thresholds WHERE active=1 "
+            "ORDER BY id DESC LIMIT 1"
+        )
+        return _threshold_row(rows[0]) if rows else None
 
     def rollback_thresholds(self) -> dict[str, Any] | None:
-        """Make the set before the active one active again; returns it (None if none)."""
+        """Retire the active set and make the newest earlier one active again, in one
+        transaction; returns the restored row (as in thresholds()), None if there is none."""
         with self._tx() as cur:
-            rows = list(cur.execute("SELECT id FROM thresholds ORDER BY id DESC LIMIT 2"))
-            if len(rows) < 2:
+            active = cur.execute(
+                "SELECT id FROM thresholds WHERE active=1 ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+            if active is None:
                 return None
-            cur.execute("DELETE FROM thresholds WHERE id=?", (rows[0][0],))
-            cur.execute("UPDATE thresholds SET active=1 WHERE id=?", (rows[1][0],))
-            data = cur.execute("SELECT data FROM thresholds WHERE id=?", (rows[1][0],)).fetchone()
-        return json.loads(data[0])
+            target = cur.execute(
+                "SELECT id, ts_s, active, source, data FROM thresholds "
+                "WHERE active=0 AND id<? ORDER BY id DESC LIMIT 1",
+                (active[0],),
+            ).fetchone()
+            if target is None:
+                return None
+            cur.execute("UPDATE thresholds SET active=-1 WHERE id=?", (active[0],))
+            cur.execute("UPDATE thresholds SET active=1 WHERE id=?", (target[0],))
+        return _threshold_row((target[0], target[1], 1, target[3], target[4]))
+
+    # -- meta ------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key=?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def meta_setdefault(self, key: str, value: str) -> str:
+        """The stored value of key, storing value first if there is none (atomic)."""
+        with self._tx() as cur:
+            cur.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+            row = cur.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0])
+
+
+_THRESHOLD_STATES = {1: "active", 0: "previous", -1: "rolled_back"}
+
+
+def _threshold_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    i, ts, active, source, data = row
+    return {
+        "id": i,
+        "ts_s": ts,
+        "active": active == 1,
+        "state": _THRESHOLD_STATES.get(int(active), "previous"),
+        "source": source,
+        "data": json.loads(data),
+    }

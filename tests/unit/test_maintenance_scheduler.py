@@ -214,3 +214,185 @@ def test_cron_validation_and_last_due():
         )
         is None
     )
+
+
+def _set_baseline(store: StateStore, job: str, ts_s: float) -> None:
+    with store._tx() as cur:
+        cur.execute(
+            "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+            (f"job_baseline_s:{job}", repr(ts_s)),
+        )
+
+
+async def test_fresh_install_catches_nothing_up_but_records_a_baseline(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+
+    async def job() -> dict:
+        raise AssertionError("must not run")
+
+    sched = MaintenanceScheduler(
+        _cfg(), [JobSpec("hourly", "0 * * * *", True, job)], store, EventBus(), guard=lambda: None
+    )
+    before = time.time()
+    sched.start()
+    await asyncio.sleep(0.1)
+    sched.shutdown()
+    assert store.job_runs("hourly") == []
+    assert before - 1 <= float(store.meta("job_baseline_s:hourly") or 0) <= time.time()
+
+
+async def test_never_run_job_catches_up_from_its_baseline(tmp_path: Path):
+    # Installed 2.5 hours ago, the daemon went down before the hourly job's first run: that
+    # first run is caught up once, not silently lost.
+    store = StateStore(tmp_path / "a.db")
+    _set_baseline(store, "hourly", time.time() - 2.5 * 3600)
+    calls: list[int] = []
+
+    async def job() -> dict:
+        calls.append(1)
+        return {}
+
+    sched = MaintenanceScheduler(
+        _cfg(misfire_grace_s=3600),
+        [JobSpec("hourly", "0 * * * *", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: None,
+    )
+    sched.start()
+    try:
+        for _ in range(50):
+            if calls:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        sched.shutdown()
+    assert calls == [1]
+    assert store.job_runs("hourly")[0].trigger == "catch_up"
+
+
+async def test_never_run_job_past_grace_is_recorded_as_missed(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    _set_baseline(store, "daily", time.time() - 3 * 86400)
+    outcomes: list[tuple[str, str]] = []
+
+    async def job() -> dict:
+        raise AssertionError("must not run")
+
+    sched = MaintenanceScheduler(
+        _cfg(misfire_grace_s=60),
+        [JobSpec("daily", "0 3 * * *", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: None,
+        on_outcome=lambda j, o: outcomes.append((j, o)),
+    )
+    sched.start()
+    await asyncio.sleep(0.1)
+    sched.shutdown()
+    run = store.job_runs("daily")[0]
+    assert run.outcome == "missed" and run.details["late_s"] > 60
+    assert outcomes == [("daily", "missed")]
+    # A second start does not record the same miss again.
+    sched2 = MaintenanceScheduler(
+        _cfg(misfire_grace_s=60),
+        [JobSpec("daily", "0 3 * * *", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: None,
+    )
+    sched2.start()
+    await asyncio.sleep(0.1)
+    sched2.shutdown()
+    assert len(store.job_runs("daily")) == 1
+
+
+async def test_run_missed_while_the_daemon_runs_is_recorded_and_counted(tmp_path: Path):
+    # The guard defers the job; the loop then stalls past misfire_grace_s (a blocking call,
+    # a suspended host), so APScheduler drops the retry: it must show in history and metrics.
+    store = StateStore(tmp_path / "a.db")
+    events = EventBus()
+    outcomes: list[tuple[str, str]] = []
+    busy = ["realtime traffic present"]
+
+    async def job() -> dict:
+        raise AssertionError("must not run")
+
+    sched = MaintenanceScheduler(
+        _cfg(misfire_grace_s=1, defer_retry_s=0.05, defer_max_retries=3),
+        [JobSpec("j", "0 3 * * sun", True, job)],
+        store,
+        events,
+        guard=lambda: busy.pop(0) if busy else None,
+        on_outcome=lambda j, o: outcomes.append((j, o)),
+    )
+    sched.start()
+    try:
+        assert await sched.run_job("j", "schedule") == "deferred"
+        time.sleep(1.6)  # block the loop past the grace time
+        for _ in range(100):
+            if ("j", "missed") in outcomes:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        sched.shutdown()
+    assert outcomes == [("j", "deferred"), ("j", "missed")]
+    run = store.job_runs("j")[0]
+    assert run.outcome == "missed" and run.details["late_s"] > 1
+    assert "deferred retry" in run.details["why"]
+    assert "job_missed" in [e.kind for e in events.recent()]
+
+
+async def test_run_while_already_running_is_recorded_and_counted(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    outcomes: list[tuple[str, str]] = []
+    release = asyncio.Event()
+
+    async def slow() -> dict:
+        await release.wait()
+        return {}
+
+    sched = MaintenanceScheduler(
+        _cfg(),
+        [JobSpec("j", "0 3 * * sun", True, slow)],
+        store,
+        EventBus(),
+        guard=lambda: None,
+        on_outcome=lambda j, o: outcomes.append((j, o)),
+    )
+    first = sched.spawn("j", "manual")
+    await asyncio.sleep(0.05)
+    assert sched.is_running("j")
+    assert await sched.run_job("j", "schedule") == "skipped"
+    release.set()
+    assert await first == "ok"
+    runs = store.job_runs("j")
+    assert [r.outcome for r in runs] == ["skipped", "ok"]  # newest first
+    assert runs[0].details == {"why": "already running"} and runs[0].trigger == "schedule"
+    assert outcomes == [("j", "skipped"), ("j", "ok")]
+
+
+async def test_deferrals_show_in_jobs_info(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+
+    async def job() -> dict:
+        return {}
+
+    sched = MaintenanceScheduler(
+        _cfg(defer_retry_s=300, defer_max_retries=3),
+        [JobSpec("j", "0 3 * * sun", True, job)],
+        store,
+        EventBus(),
+        guard=lambda: "queue depth 9 > 4",
+    )
+    sched.start()
+    try:
+        assert sched.jobs_info()[0]["deferred"] is None
+        assert await sched.run_job("j", "schedule") == "deferred"
+        assert await sched.run_job("j", "schedule", attempt=1) == "deferred"
+        info = sched.jobs_info()[0]
+    finally:
+        sched.shutdown()
+    deferred = info["deferred"]
+    assert deferred["count"] == 2 and deferred["attempt"] == 2
+    assert deferred["last_reason"] == "queue depth 9 > 4" and deferred["retry_at"]

@@ -15,8 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.domain.history import rollup
-from appliance.domain.recalibrate import MIN_SAMPLES, Bounds, Thresholds, recalibrate
+from appliance.domain.history import is_peak_field, rollup
+from appliance.domain.latency_window import percentile
+from appliance.domain.recalibrate import (
+    MIN_SAMPLES,
+    Bounds,
+    Thresholds,
+    recalibrate,
+    weighted_percentile,
+)
 from appliance.services.history import HOUR, MINUTE, RAW, HistorySampler
 from appliance.services.store import StateStore
 from maintenance.config import MaintenanceConfig
@@ -73,6 +80,88 @@ def test_clamped_to_the_hardware_bounds_and_derated_samples_ignored():
     # Samples taken while derated are the hot tail being controlled, not normal running.
     derated = _rows(50, core_temp_c_max=89, derated=1)
     assert recalibrate(CURRENT, derated).thresholds.derate_core_c == 85
+
+
+def test_hardware_limit_wins_over_the_lower_bound():
+    # The operator's hardware limit (65 °C core, 75 °C HBM) is below the default lower bounds
+    # (70, 80): recalibration must never go above the hardware limits.
+    hot = _rows(50, core_temp_c_max=99, mem_temp_c_max=120)
+    cold = _rows(50, core_temp_c_max=20, mem_temp_c_max=20)
+    for rows in (hot, cold):
+        r = recalibrate(CURRENT, rows, Bounds(max_core_c=65, max_mem_c=75))
+        assert r.thresholds.derate_core_c == 65 and r.thresholds.protect_mem_c == 75
+        assert any("limit wins" in n for n in r.notes)
+
+
+def test_rows_count_for_the_time_they_cover():
+    # A quarter: ~90 days of hourly rollups (720 raw samples each) at a steady 60 °C and
+    # 0.5 s TTFT, then six hot, slow hours of raw samples. Row for row those hours dominate;
+    # weighted by time they are 0.3 % of the quarter and must not set the percentiles.
+    hours = [
+        {"n": 720, "core_temp_c_max": 60.0, "ttft_p99_s": 0.5, "queued": 1} for _ in range(2160)
+    ]
+    hot = [{"core_temp_c_max": 88.0, "ttft_p99_s": 4.0, "queued": 50} for _ in range(4320)]
+    r = recalibrate(CURRENT, hours + hot)
+    t = r.thresholds
+    assert t.derate_core_c == Bounds().min_core_c  # p99 60 + 3, clamped to the lower bound 70
+    assert t.slo_ttft_p99_s == pytest.approx(0.5 * 1.25)
+    assert t.alert_queue_depth == 2.0
+    # Unweighted, the raw day would have set them.
+    unweighted = recalibrate(
+        CURRENT, [{k: v for k, v in h.items() if k != "n"} for h in hours] + hot
+    )
+    assert unweighted.thresholds.derate_core_c == 90.0
+    assert unweighted.thresholds.slo_ttft_p99_s == pytest.approx(5.0)
+
+
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=60))
+def test_weighted_percentile_with_unit_weights_is_the_percentile(values):
+    for q in (0, 50, 95, 99, 100):
+        got = weighted_percentile([(v, 1.0) for v in values], q)
+        assert got == pytest.approx(percentile(values, q), rel=1e-9, abs=1e-6)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=-1e3, max_value=1e3), st.integers(1, 20)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_weighted_percentile_equals_the_expanded_list(pairs):
+    expanded = [v for v, w in pairs for _ in range(w)]
+    for q in (0, 50, 95, 99, 100):
+        got = weighted_percentile([(v, float(w)) for v, w in pairs], q)
+        assert got == pytest.approx(percentile(expanded, q), rel=1e-9, abs=1e-6)
+
+
+def test_weighted_percentile_rejects_nothing_to_rank():
+    with pytest.raises(ValueError):
+        weighted_percentile([], 50)
+    with pytest.raises(ValueError):
+        weighted_percentile([(1.0, 0.0)], 50)
+    with pytest.raises(ValueError):
+        weighted_percentile([(1.0, 1.0)], 101)
+
+
+def test_rollups_keep_latency_spikes():
+    # One slow minute in an hour: averaging p99s would report ~0.15 s and hide it.
+    minutes = [(i * 60.0, {"n": 12, "ttft_p99_s": 0.1, "ttft_p50_s": 0.05}) for i in range(59)]
+    minutes.append((59 * 60.0, {"n": 12, "ttft_p99_s": 3.0, "ttft_p50_s": 0.05}))
+    ((_, hour),) = rollup(minutes, 3600)
+    assert hour["ttft_p99_s"] == 3.0 and hour["n"] == 720
+    assert hour["ttft_p50_s"] == pytest.approx(0.05)  # a median is still averaged
+    assert is_peak_field("tpot_p99_s") and is_peak_field("core_temp_c_max")
+    assert not is_peak_field("ttft_p50_s") and not is_peak_field("queued")
+
+
+def test_history_rows_carry_their_weight(tmp_path: Path):
+    store = StateStore(tmp_path / "w.db")
+    sampler = HistorySampler(store, dict, MaintenanceConfig())
+    store.add_metric_sample(100.0, RAW, {"queued": 1})
+    store.add_metric_sample(0.0, MINUTE, {"n": 12, "queued": 2})
+    rows = sampler.history(0.0)
+    assert [(r["resolution_s"], r["n"]) for r in rows] == [(MINUTE, 12), (RAW, 1)]
 
 
 @given(st.lists(st.floats(min_value=-50, max_value=200), min_size=MIN_SAMPLES, max_size=200))
@@ -157,12 +246,25 @@ def test_killed_writer_leaves_a_consistent_database(tmp_path: Path):
 
 def test_thresholds_keep_the_previous_set_for_rollback(tmp_path: Path):
     store = StateStore(tmp_path / "t.db")
+    assert store.active_thresholds() is None and store.rollback_thresholds() is None
     store.save_thresholds("config", {"derate_core_c": 85})
     store.save_thresholds("recalibration", {"derate_core_c": 82})
     assert [t["active"] for t in store.thresholds()] == [True, False]
-    assert store.rollback_thresholds() == {"derate_core_c": 85}
-    assert store.thresholds()[0]["data"] == {"derate_core_c": 85}
+    restored = store.rollback_thresholds()
+    assert restored is not None and restored["data"] == {"derate_core_c": 85}
+    assert restored["source"] == "config" and restored["state"] == "active"
+    assert store.active_thresholds()["data"] == {"derate_core_c": 85}
+    # The rolled-back set stays on record but is never a rollback target again.
+    assert [t["state"] for t in store.thresholds()] == ["rolled_back", "active"]
     assert store.rollback_thresholds() is None
+    store.save_thresholds("recalibration", {"derate_core_c": 80})
+    assert store.rollback_thresholds()["data"] == {"derate_core_c": 85}
+    assert [t["state"] for t in store.thresholds()] == ["rolled_back", "rolled_back", "active"]
+    # The active set is found however many sets were stored after it.
+    for i in range(12):
+        store.save_thresholds("recalibration", {"derate_core_c": 70 + i})
+        store.rollback_thresholds()
+    assert store.active_thresholds()["data"] == {"derate_core_c": 85}
 
 
 def test_rendered_rules_pass_promtool(tmp_path: Path):
