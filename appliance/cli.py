@@ -16,6 +16,8 @@ from typing import Any
 from appliance.config import find_config_path, load_config, resolve_model_dir
 from appliance.errors import ConfigError, EngineStartError
 
+CONFIG_ERROR_EXIT = 2  # CONTRACT.md: a bad config exits 2
+
 # Sub-commands that live in their own modules, each with register(sub).
 _COMMAND_MODULES = (
     "appliance.commands.estimate",
@@ -35,7 +37,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from appliance.logs import setup_logging
-    from appliance.serve import run_daemon
+    from appliance.serve import BadModelConfig, run_daemon
 
     cfg = _load(args)
     setup_logging(cfg.logging.level, cfg.logging.json_lines)
@@ -43,7 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return asyncio.run(run_daemon(cfg))
     except EngineStartError as exc:
         print(f"cannot start: {exc}", file=sys.stderr)
-        return 1
+        # A bad engine.model or model config.json is a bad config (exit 2, as ConfigError).
+        return CONFIG_ERROR_EXIT if isinstance(exc, BadModelConfig) else 1
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT
 
 
 if __name__ == "__main__":

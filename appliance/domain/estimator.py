@@ -6,6 +6,17 @@ group, the pool is `budget // bytes_per_block` whole blocks, a full-attention la
 cdiv(len, block) blocks per request, a sliding-window layer cdiv(min(window - 1 + in-flight
 tokens, len), block) + 1, and an MLA layer caches one latent vector (kv_lora_rank +
 qk_rope_head_dim) per token instead of K and V per head.
+
+Memory shares, one meaning everywhere (the CLI, /admin/estimate and the daemon's start check):
+- usable_fraction (the cap, 0.8 by default): the most of each device the plan may occupy,
+  the safety margin included. Memory above it is never planned for.
+- safety margin, max(2 GiB, 5 % of the device): held back inside the usable share.
+- vLLM's gpu_memory_utilization is the share the engine itself allocates (weights, activations,
+  and a KV cache that fills the rest of it). The engine may take usable - margin, so the cap
+  maps to gpu_memory_utilization = (usable - margin) / memory (gpu_memory_utilization_for),
+  and a configured value u keeps to the cap when u x memory + margin <= usable.
+- Given a configured gpu_memory_utilization, the plan's KV budget is what vLLM will reserve
+  (u x memory - weights - runtime buffers), and the plan fails if that share breaks the cap.
 """
 
 from __future__ import annotations
@@ -46,6 +57,8 @@ DEFAULT_SEQ_LEN = 2048
 # CUDA context, NCCL and the CUDA-graph pool on a GPU; interpreter, torch and the worker process
 # on the CPU engine. Measured orders of magnitude, not per-model numbers.
 RUNTIME_FIXED_BYTES: dict[str, int] = {"cuda": GIB, "cpu": GIB}
+# Byte rounding of the three shares (floor, ceil, floor) must not make 0.75 + 5 % exceed 80 %.
+SHARE_ROUNDING_SLACK_BYTES = MIB
 # Beyond this many running sequences the scheduler, not memory, is the limit (vLLM's own cap).
 MAX_RECOMMENDED_SEQS = 1024
 
@@ -546,6 +559,22 @@ def safety_margin_bytes(device_memory_bytes: int) -> int:
     return max(SAFETY_MARGIN_MIN_BYTES, math.ceil(device_memory_bytes * SAFETY_MARGIN_FRACTION))
 
 
+def gpu_memory_utilization_for(
+    device_memory_bytes: int, usable_fraction: float = DEFAULT_USABLE_FRACTION
+) -> float:
+    """vLLM's gpu_memory_utilization that keeps the engine within the cap less the margin."""
+    usable = math.floor(device_memory_bytes * usable_fraction)
+    engine = usable - safety_margin_bytes(device_memory_bytes)
+    # Integer hundredths, floored: rounding up would break the cap by up to 1 %.
+    return max((engine + SHARE_ROUNDING_SLACK_BYTES) * 100 // device_memory_bytes, 0) / 100
+
+
+def usable_fraction_needed(device_memory_bytes: int, gpu_memory_utilization: float) -> float:
+    """The cap a configured gpu_memory_utilization needs: its share plus the safety margin."""
+    engine = math.floor(device_memory_bytes * gpu_memory_utilization)
+    return (engine + safety_margin_bytes(device_memory_bytes)) / device_memory_bytes
+
+
 def naive_kv_bytes(spec: ModelSpec, batch_size: int, seq_len: int, dtype: str = "auto") -> int:
     """The folk formula batch x seq x (2 x hidden x layers x dtype) x 1.15, for comparison."""
     b = DTYPE_BYTES[runtime_dtype(spec, dtype)]
@@ -614,6 +643,12 @@ class MemoryPlan:
     naive_error_ratio: float
     batch_table: tuple[BatchRow, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = ()
+    # The engine's configured share (vLLM's gpu_memory_utilization) when the plan checks one;
+    # None when the plan is made from the cap alone.
+    gpu_memory_utilization: float | None = None
+    # What the engine allocates: its configured share, usable - margin, or (CPU) weights +
+    # runtime + the fixed KV space.
+    engine_memory_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the batch table as a list of dicts)."""
@@ -635,6 +670,8 @@ def _check_estimate_inputs(
     kv_cache_bytes_budget: int | None,
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
+    gpu_memory_utilization: float | None,
+    device: str,
 ) -> None:
     if not isinstance(device_memory_bytes, int) or device_memory_bytes <= 0:
         raise EstimateInputError(
@@ -654,6 +691,20 @@ def _check_estimate_inputs(
         raise EstimateInputError(
             "kv_cache_bytes_budget", f"must be positive, got {kv_cache_bytes_budget}"
         )
+    if gpu_memory_utilization is not None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise EstimateInputError(
+                "gpu_memory_utilization", f"must be in (0, 1], got {gpu_memory_utilization}"
+            )
+        if device != "cuda":
+            raise EstimateInputError(
+                "gpu_memory_utilization",
+                "only applies to device 'cuda' (the CPU engine takes a fixed KV space)",
+            )
+        if kv_cache_bytes_budget is not None:
+            raise EstimateInputError(
+                "gpu_memory_utilization", "give it or kv_cache_bytes_budget, not both"
+            )
 
 
 @dataclass(frozen=True)
@@ -664,7 +715,7 @@ class _Context:
     tp: int
     block: int
     in_flight: int
-    fixed_kv: int | None
+    fixed_kv: int | None  # a KV budget set from outside (CPU space or the engine's share)
     base_bytes: int  # weights + runtime + margin
     kv_budget: int
     usable: int
@@ -679,14 +730,21 @@ def _row(ctx: _Context, batch_size: int, seq_len: int) -> BatchRow:
     kv = batch_size * _kv_sequence_bytes(ctx, seq_len)
     headroom = ctx.kv_budget - kv
     allocated = ctx.base_bytes + (ctx.fixed_kv if ctx.fixed_kv is not None else kv)
-    fits = headroom >= 0 and allocated <= ctx.usable and seq_len <= ctx.spec.max_position_embeddings
+    fits = (
+        headroom >= 0
+        and allocated <= ctx.usable + SHARE_ROUNDING_SLACK_BYTES
+        and seq_len <= ctx.spec.max_position_embeddings
+    )
     return BatchRow(batch_size, seq_len, kv, ctx.base_bytes + kv, fits, headroom)
 
 
 def _longest_fitting_len(ctx: _Context, batch_size: int) -> int:
     """The longest length (whole blocks, within the model's limit) batch_size sequences fit at."""
     limit = ctx.spec.max_position_embeddings
-    over_usable = ctx.fixed_kv is not None and ctx.base_bytes + ctx.fixed_kv > ctx.usable
+    over_usable = (
+        ctx.fixed_kv is not None
+        and ctx.base_bytes + ctx.fixed_kv > ctx.usable + SHARE_ROUNDING_SLACK_BYTES
+    )
     if over_usable or ctx.kv_budget <= 0 or batch_size * _kv_sequence_bytes(ctx, 1) > ctx.kv_budget:
         return 0
     lo, hi = 1, limit  # lo always fits
@@ -723,11 +781,15 @@ def estimate(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     kv_cache_bytes_budget: int | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> MemoryPlan:
     """Plan memory for batch_size sequences of seq_len tokens on one device (one TP rank)."""
-    # On a GPU the KV budget is what the usable share leaves after weights, runtime buffers and
-    # the safety margin; kv_cache_bytes_budget (the CPU engine's fixed KV space) replaces it.
+    # The KV budget is, in order of precedence: kv_cache_bytes_budget (the CPU engine's fixed
+    # KV space); what vLLM reserves at a configured gpu_memory_utilization; else what the
+    # usable share leaves after weights, runtime buffers and the safety margin.
     seq = min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if seq_len is None else seq_len
+    if device not in RUNTIME_FIXED_BYTES:
+        raise EstimateInputError("device", f"must be 'cuda' or 'cpu', got {device!r}")
     _check_estimate_inputs(
         device_memory_bytes,
         seq,
@@ -736,10 +798,10 @@ def estimate(
         kv_cache_bytes_budget,
         max_num_batched_tokens,
         max_num_seqs,
+        gpu_memory_utilization,
+        device,
     )
     _check_tp(tensor_parallel_size)
-    if device not in RUNTIME_FIXED_BYTES:
-        raise EstimateInputError("device", f"must be 'cuda' or 'cpu', got {device!r}")
     k, v = kv_dtypes(spec, kv_dtype, v_dtype)
     wdtype = runtime_dtype(spec, weight_dtype)
     tp = tensor_parallel_size
@@ -767,17 +829,28 @@ def estimate(
     margin = safety_margin_bytes(device_memory_bytes)
     usable = math.floor(device_memory_bytes * usable_fraction)
     base = weights + runtime.total_bytes + margin
-    if kv_cache_bytes_budget is None:
+    engine_share: int | None = None
+    fixed_kv: int | None = kv_cache_bytes_budget
+    if gpu_memory_utilization is not None:
+        # vLLM profiles weights and activations, then gives the KV cache the rest of its share.
+        engine_share = math.floor(device_memory_bytes * gpu_memory_utilization)
+        fixed_kv = engine_share - weights - runtime.total_bytes
+        kv_budget = max(fixed_kv, 0)
+        kv_source = f"gpu_memory_utilization {gpu_memory_utilization:g} less weights and runtime"
+    elif kv_cache_bytes_budget is None:
         kv_budget, kv_source = max(usable - base, 0), "remainder of usable memory"
     else:
         kv_budget, kv_source = kv_cache_bytes_budget, "fixed KV space"
-    ctx = _Context(spec, k, v, tp, block, in_flight, kv_cache_bytes_budget, base, kv_budget, usable)
+    ctx = _Context(spec, k, v, tp, block, in_flight, fixed_kv, base, kv_budget, usable)
 
     row = _row(ctx, batch_size, seq)
     per_seq = _kv_sequence_bytes(ctx, seq)
     pool_blocks = kv_pool_blocks(spec, kv_budget, block, k, v, tensor_parallel_size=tp)
     per_seq_blocks = kv_blocks_per_sequence(spec, seq, block, in_flight)
-    over_usable = base + (kv_cache_bytes_budget or 0) > usable
+    # With a fixed KV budget the engine takes all of it up front, used or not.
+    over_usable = (
+        base + (fixed_kv if fixed_kv is not None else 0) > usable + SHARE_ROUNDING_SLACK_BYTES
+    )
     too_long = seq > spec.max_position_embeddings
     max_concurrent = 0 if over_usable or too_long else pool_blocks // per_seq_blocks
     vllm_tokens = vllm_kv_cache_size_tokens(
@@ -789,13 +862,29 @@ def estimate(
             f"does not fit: seq_len {seq} exceeds the model's max_position_embeddings "
             f"({spec.max_position_embeddings})"
         )
+    elif engine_share is not None and over_usable:
+        assert gpu_memory_utilization is not None
+        reason = (
+            f"does not fit: gpu_memory_utilization {gpu_memory_utilization:g} lets the engine "
+            f"take {_gib(engine_share)}; with the {_gib(margin)} safety margin that is "
+            f"{_gib(engine_share + margin)}, over the {usable_fraction:.0%} cap "
+            f"({_gib(usable)} of {_gib(device_memory_bytes)}): set gpu_memory_utilization to "
+            f"at most {gpu_memory_utilization_for(device_memory_bytes, usable_fraction):.2f}"
+        )
+    elif engine_share is not None and kv_budget <= 0:
+        reason = (
+            f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime.total_bytes)} = "
+            f"{_gib(weights + runtime.total_bytes)} leave nothing for the KV cache within the "
+            f"engine's {_gib(engine_share)} (gpu_memory_utilization {gpu_memory_utilization:g} "
+            f"of {_gib(device_memory_bytes)})"
+        )
     elif kv_cache_bytes_budget is None and usable - base <= 0:
         reason = (
             f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime.total_bytes)} + "
             f"margin {_gib(margin)} = {_gib(base)} leave nothing for the KV cache within "
             f"{_gib(usable)} ({usable_fraction:.0%} of {_gib(device_memory_bytes)})"
         )
-    elif kv_cache_bytes_budget is not None and base + kv_cache_bytes_budget > usable:
+    elif kv_cache_bytes_budget is not None and over_usable:
         reason = (
             f"does not fit: KV space {_gib(kv_cache_bytes_budget)} + weights {_gib(weights)} + "
             f"runtime {_gib(runtime.total_bytes)} + margin {_gib(margin)} = "
@@ -813,6 +902,38 @@ def estimate(
             f"{_gib(kv_budget)} KV cache; {max_concurrent} sequences of this length fit"
         )
 
+    recommended_util = gpu_memory_utilization_for(device_memory_bytes, usable_fraction)
+    recommended_seqs = _recommended_seqs(max_concurrent, device)
+    recommended_len = _longest_fitting_len(ctx, batch_size)
+    if gpu_memory_utilization not in (None, recommended_util) and recommended_util > 0:
+        # The recommendations are one setting: what fits at the recommended share, not at the
+        # configured one (which may break the cap and fit nothing).
+        at_recommended = estimate(
+            spec,
+            device_memory_bytes=device_memory_bytes,
+            seq_len=seq,
+            batch_size=batch_size,
+            kv_dtype=kv_dtype,
+            v_dtype=v_dtype,
+            weight_dtype=weight_dtype,
+            device=device,
+            device_name=device_name,
+            compute_capability=compute_capability,
+            usable_fraction=usable_fraction,
+            tensor_parallel_size=tensor_parallel_size,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=recommended_util,
+        )
+        recommended_seqs = at_recommended.recommended_max_num_seqs
+        recommended_len = at_recommended.recommended_max_model_len
+    if engine_share is not None:
+        engine_memory = engine_share
+    elif kv_cache_bytes_budget is not None:
+        engine_memory = weights + runtime.total_bytes + kv_cache_bytes_budget
+    else:
+        engine_memory = usable - margin
     table = tuple(_row(ctx, b, TABLE_SEQ_LEN) for b in TABLE_BATCH_SIZES)
     naive = naive_kv_bytes(spec, batch_size, seq, weight_dtype)
     notes: list[str] = []
@@ -829,7 +950,6 @@ def estimate(
         notes.append(f"{spec.num_kv_heads} KV heads < TP {tp}: vLLM replicates KV heads per GPU")
     if k != v:
         notes.append(f"K cached as {k}, V as {v}: vLLM itself takes one kv_cache_dtype")
-    gpu_util = math.floor((usable - margin) / device_memory_bytes * 100) / 100
     return MemoryPlan(
         model=spec.name,
         device=device,
@@ -872,11 +992,13 @@ def estimate(
         ),
         vllm_kv_cache_size_tokens=vllm_tokens,
         max_concurrent_seqs=max_concurrent,
-        recommended_max_num_seqs=_recommended_seqs(max_concurrent, device),
-        recommended_gpu_memory_utilization=max(gpu_util, 0.0),
-        recommended_max_model_len=_longest_fitting_len(ctx, batch_size),
+        recommended_max_num_seqs=recommended_seqs,
+        recommended_gpu_memory_utilization=recommended_util,
+        recommended_max_model_len=recommended_len,
         naive_kv_bytes=naive,
         naive_error_ratio=naive / row.kv_cache_bytes,
         batch_table=table,
         notes=tuple(notes),
+        gpu_memory_utilization=gpu_memory_utilization,
+        engine_memory_bytes=engine_memory,
     )

@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 from appliance.commands import estimate as estimate_cmd
 from appliance.domain.estimator import (
     GIB,
+    MIB,
     EstimateInputError,
     KvGroups,
     ModelConfigError,
     ModelSpec,
     estimate,
     estimated_param_count,
+    gpu_memory_utilization_for,
     kv_blocks_per_sequence,
     kv_bytes_for_tokens,
     kv_bytes_per_token,
@@ -30,6 +32,7 @@ from appliance.domain.estimator import (
     kv_pool_blocks,
     naive_kv_bytes,
     safety_margin_bytes,
+    usable_fraction_needed,
     vllm_block_size,
     vllm_kv_cache_size_tokens,
     weights_bytes,
@@ -220,6 +223,83 @@ def test_llama_on_an_80_gib_gpu_hand_computed() -> None:
     assert plan.recommended_max_model_len == 8192  # the model's own limit
 
 
+# -- the cap, the margin and vLLM's gpu_memory_utilization -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("memory", "cap", "util"),
+    [
+        (80 * GIB, 0.8, 0.75),  # 64 usable - 4 margin = 60 of 80
+        (81559 * MIB, 0.8, 0.75),  # an H100 as NVML reports it: byte rounding must not cost 1 %
+        (16 * GIB, 0.8, 0.67),  # the 2 GiB floor: (12.8 - 2) / 16 = 0.675, floored
+        (141 * GIB, 0.9, 0.85),
+        (4 * GIB, 0.5, 0.0),  # the margin alone takes the whole cap
+    ],
+)
+def test_gpu_memory_utilization_for_the_cap(memory: int, cap: float, util: float) -> None:
+    assert gpu_memory_utilization_for(memory, cap) == util
+
+
+def test_configured_share_sets_the_kv_budget_as_vllm_does() -> None:
+    llama = spec("llama3_8b")
+    plan = estimate(llama, device_memory_bytes=80 * GIB, seq_len=8192, gpu_memory_utilization=0.7)
+    # vLLM: its share (0.7 x 80 = 56 GiB) less weights and the profiled runtime buffers.
+    assert plan.gpu_memory_utilization == 0.7
+    assert plan.engine_memory_bytes == math.floor(80 * GIB * 0.7)
+    assert plan.kv_budget_bytes == (
+        plan.engine_memory_bytes - plan.weights_bytes - plan.runtime_buffers_bytes
+    )
+    assert plan.kv_budget_source.startswith("gpu_memory_utilization 0.7")
+    assert plan.fits and plan.reason.startswith("fits")
+    # Planned from the cap alone, the engine gets usable - margin: 60 of the 64 usable GiB.
+    capped = estimate(llama, device_memory_bytes=80 * GIB, seq_len=8192)
+    assert capped.gpu_memory_utilization is None
+    assert capped.engine_memory_bytes == 60 * GIB
+    at_recommended = estimate(
+        llama,
+        device_memory_bytes=80 * GIB,
+        seq_len=8192,
+        gpu_memory_utilization=capped.recommended_gpu_memory_utilization,
+    )
+    assert at_recommended.kv_budget_bytes == capped.kv_budget_bytes
+    assert at_recommended.max_concurrent_seqs == capped.max_concurrent_seqs
+
+
+def test_share_over_the_cap_does_not_fit_and_says_what_to_set() -> None:
+    plan = estimate(
+        spec("smollm2_135m_instruct"), device_memory_bytes=80 * GIB, gpu_memory_utilization=0.9
+    )
+    assert not plan.fits and plan.max_concurrent_seqs == 0
+    # The recommendations stay one usable setting: what fits at the recommended 0.75.
+    at_075 = estimate(
+        spec("smollm2_135m_instruct"), device_memory_bytes=80 * GIB, gpu_memory_utilization=0.75
+    )
+    assert at_075.fits and plan.recommended_gpu_memory_utilization == 0.75
+    assert plan.recommended_max_num_seqs == at_075.recommended_max_num_seqs > 0
+    assert plan.recommended_max_model_len == at_075.recommended_max_model_len == 8192  # its limit
+    assert plan.reason == (
+        "does not fit: gpu_memory_utilization 0.9 lets the engine take 72.00 GiB; with the "
+        "4.00 GiB safety margin that is 76.00 GiB, over the 80% cap (64.00 GiB of 80.00 GiB): "
+        "set gpu_memory_utilization to at most 0.75"
+    )
+    assert not any(row.fits for row in plan.batch_table)
+    # A higher cap admits it: 0.9 + 5 % margin needs 95 %.
+    assert usable_fraction_needed(80 * GIB, 0.9) == pytest.approx(0.95)
+    assert estimate(
+        spec("smollm2_135m_instruct"),
+        device_memory_bytes=80 * GIB,
+        gpu_memory_utilization=0.9,
+        usable_fraction=0.95,
+    ).fits
+
+
+def test_share_too_small_for_the_weights() -> None:
+    plan = estimate(spec("llama3_8b"), device_memory_bytes=80 * GIB, gpu_memory_utilization=0.15)
+    assert not plan.fits and plan.kv_budget_bytes == 0
+    assert "leave nothing for the KV cache within the engine's 12.00 GiB" in plan.reason
+    assert "gpu_memory_utilization 0.15 of 80.00 GiB" in plan.reason
+
+
 def test_naive_formula_and_its_error() -> None:
     llama = spec("llama3_8b")
     plan = estimate(llama, device_memory_bytes=80 * GIB, seq_len=2048, batch_size=4)
@@ -343,6 +423,13 @@ def test_bad_spec_names_the_key(changes: dict, key: str) -> None:
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"block_size": 0}, "block_size"),
         ({"device": "tpu"}, "device"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 0.5, "device": "cpu"}, "gpu_memory_utilization"),
+        (
+            {"gpu_memory_utilization": 0.5, "kv_cache_bytes_budget": GIB},
+            "gpu_memory_utilization",
+        ),
     ],
 )
 def test_bad_estimate_input_names_the_field(kwargs: dict, field: str) -> None:
@@ -439,6 +526,33 @@ def test_vllm_tokens_equal_blocks_for_full_attention(
     assert abs(reported - kv_capacity_tokens(full, budget, 128)) <= 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    specs(),
+    st.integers(8 * GIB, 192 * GIB),
+    st.floats(0.5, 0.95),
+)
+def test_recommended_share_keeps_to_the_cap_and_one_percent_more_breaks_it(
+    s: ModelSpec, mem: int, cap: float
+) -> None:
+    util = gpu_memory_utilization_for(mem, cap)
+    if util <= 0:
+        return
+    ok = estimate(s, device_memory_bytes=mem, usable_fraction=cap, gpu_memory_utilization=util)
+    assert "cap" not in ok.reason
+    assert ok.engine_memory_bytes + ok.safety_margin_bytes <= ok.usable_bytes + MIB
+    over = round(util + 0.01, 2)
+    if over <= 1:
+        breach = estimate(
+            s, device_memory_bytes=mem, usable_fraction=cap, gpu_memory_utilization=over
+        )
+        assert not breach.fits and f"cap ({_gib_text(breach.usable_bytes)}" in breach.reason
+
+
+def _gib_text(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 
@@ -503,3 +617,22 @@ def test_estimate_command_cpu_engine(capsys: pytest.CaptureFixture[str]) -> None
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["plan"]["kv_capacity_tokens"] == 93184
     assert doc["hardware"] is None
+
+
+def test_estimate_command_checks_a_configured_share(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(CONFIGS / "smollm2_135m_instruct.json")
+    base = ["--model", path, "--gpu-memory-gib", "80"]
+    assert _run_estimate([*base, "--gpu-memory-utilization", "0.9"]) == 1
+    out = capsys.readouterr().out
+    assert "over the 80% cap" in out and "at most 0.75" in out
+    assert "gpu_memory_utilization 0.9 (configured)" in out
+    assert _run_estimate([*base, "--gpu-memory-utilization", "0.75", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["gpu_memory_utilization"] == 0.75
+    assert doc["plan"]["engine_memory_bytes"] == 60 * GIB
+    # Without a share the plan is made from the cap: usable - margin, and that is what it advises.
+    assert _run_estimate(base) == 0
+    out = capsys.readouterr().out
+    assert "usable - safety margin" in out and "gpu_memory_utilization 0.75" in out
+    assert _run_estimate([*base, "--device", "cpu", "--gpu-memory-utilization", "0.5"]) == 2
+    assert "gpu_memory_utilization" in capsys.readouterr().err

