@@ -42,7 +42,13 @@ class EngineConfig(_Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     kv_cache_space_gib: float = Field(1.0, gt=0, le=1024)
-    gpu_memory_utilization: float = Field(0.9, gt=0.05, le=0.99)
+    # Share of each device (GPU memory; host RAM on the CPU engine) the memory plan may use,
+    # the safety margin max(2 GiB, 5 %) included.
+    usable_memory_fraction: float = Field(0.8, gt=0.05, le=1.0)
+    # vLLM's share of each GPU; None: worked out at start from usable_memory_fraction less
+    # the margin on the smallest GPU (0.75 on an 80 GB card). A set value plus the margin
+    # must stay within usable_memory_fraction, or the start is refused with the numbers.
+    gpu_memory_utilization: float | None = Field(None, gt=0.05, le=0.99)
     tensor_parallel_size: int = Field(1, ge=1, le=8)
     enforce_eager: bool = True
     # priority: vLLM schedules by the request's lane (realtime first) inside the engine too.
@@ -71,6 +77,18 @@ class LaneConfig(_Section):
     batch: int = Field(1024, ge=0, le=100_000)
 
 
+class LaneDeadlines(_Section):
+    """Default deadline per lane (ms) for requests that send no deadline_ms; None: none."""
+
+    realtime: int | None = Field(500, ge=1, le=3_600_000)
+    interactive: int | None = Field(None, ge=1, le=3_600_000)
+    batch: int | None = Field(None, ge=1, le=3_600_000)
+
+    def for_lane(self, lane: str) -> int | None:
+        """The default for a lane by its name."""
+        return getattr(self, lane)
+
+
 class AdmissionConfig(_Section):
     concurrency_limit: int = Field(16, ge=1, le=4096)
     max_queue_wait_s: float = Field(60.0, gt=0, le=3600)
@@ -78,6 +96,33 @@ class AdmissionConfig(_Section):
     # Share of the limit only realtime requests may use, so a batch flood cannot take it all.
     realtime_reserved_share: float = Field(0.125, ge=0, le=0.9)
     retry_after_s: int = Field(2, ge=1, le=3600)
+    lane_deadline_ms: LaneDeadlines = LaneDeadlines()
+
+
+class LongContextConfig(_Section):
+    """Prompts longer than the context: refuse (error) or read them in chunks."""
+
+    # error: 400 context_length_exceeded unless the request says long_context: "chunk".
+    # chunk: every chat prompt over the context is chunked unless it says "error".
+    mode: Literal["error", "chunk"] = "error"
+    strategy: Literal["refine", "map_reduce"] = "refine"
+    chunk_tokens: int = Field(1024, ge=64, le=1_048_576)
+    overlap_tokens: int = Field(128, ge=0, le=65_536)
+    # The opening of the long message (where the request usually is) carried into every pass.
+    carry_head_tokens: int = Field(128, ge=0, le=65_536)
+    # Most tokens an intermediate pass (a part's answer) may generate.
+    intermediate_max_tokens: int = Field(128, ge=1, le=65_536)
+    # Hard cap: a longer prompt gets 413 naming this key, chunked or not.
+    max_prompt_tokens: int = Field(65_536, ge=64, le=16_777_216)
+
+    @model_validator(mode="after")
+    def _overlap_below_chunk(self) -> LongContextConfig:
+        if self.overlap_tokens >= self.chunk_tokens:
+            raise ValueError(
+                f"overlap_tokens ({self.overlap_tokens}) must be < chunk_tokens "
+                f"({self.chunk_tokens})"
+            )
+        return self
 
 
 class SloConfig(_Section):
@@ -131,6 +176,7 @@ class Config(_Section):
     server: ServerConfig = ServerConfig()
     engine: EngineConfig = EngineConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    long_context: LongContextConfig = LongContextConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     thermal: ThermalConfig = ThermalConfig()
     slo: SloConfig = SloConfig()

@@ -19,8 +19,24 @@ class WordTokenizer:
 
     vocab_size = 50_000
 
+    def __init__(self) -> None:
+        # Ids in order of first sight: no two words share one, so decode(encode(t)) == t
+        # (up to whitespace) for the first vocab_size distinct words.
+        self._ids: dict[str, int] = {}
+        self._words: dict[int, str] = {}
+
     def encode(self, text: str) -> list[int]:
-        return [hash(w) % self.vocab_size for w in text.split()]
+        ids = []
+        for w in text.split():
+            i = self._ids.get(w)
+            if i is None:
+                i = self._ids[w] = len(self._ids) % self.vocab_size
+                self._words.setdefault(i, w)
+            ids.append(i)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(self._words.get(i, f"<{i}>") for i in ids)
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"

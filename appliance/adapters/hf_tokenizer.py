@@ -21,6 +21,9 @@ class HfTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         return str(
             self._tok.apply_chat_template(

@@ -15,6 +15,7 @@ from aiohttp import web
 from appliance.adapters.simgpu import SimGpu
 from appliance.api.errors import Handler
 from appliance.api.keys import SERVICES, Services
+from appliance.api.long_context import LONG_CONTEXT
 from appliance.errors import ApplianceError, BadRequest, Unauthorized
 from appliance.services.supervisor import EngineState
 
@@ -266,7 +267,11 @@ async def delete_faults(request: web.Request) -> web.Response:
 
 @routes.get("/admin/status")
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(status_snapshot(request.app[SERVICES]))
+    snap = status_snapshot(request.app[SERVICES])
+    tracker = request.app.get(LONG_CONTEXT)
+    if tracker is not None:
+        snap["long_context"] = tracker.snapshot()
+    return web.json_response(snap)
 
 
 @routes.get("/admin/events")

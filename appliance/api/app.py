@@ -15,6 +15,7 @@ from appliance.adapters.simgpu import SimGpu
 from appliance.api import admin, health, maintenance, openai
 from appliance.api.errors import Handler, error_middleware
 from appliance.api.keys import SERVICES, Services
+from appliance.api.long_context import LongContextTracker
 from appliance.config import Config, served_model_name
 from appliance.domain.controller import ControlMode
 from appliance.domain.gpu_sample import GpuSample, Telemetry
@@ -212,6 +213,7 @@ def build_app(
     )
     svc = build_services(cfg, engine_factory, tokenizer, telemetry)
     app[SERVICES] = svc
+    app[openai.LONG_CONTEXT] = LongContextTracker()
     app[FATAL] = asyncio.get_event_loop().create_future()
     app.add_routes(health.routes)
     app.add_routes(openai.routes)

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from appliance.api.errors import error_body
+from appliance.api.generation import Outcome, generate
 from appliance.api.keys import SERVICES, Services
+from appliance.api.long_context import (
+    LONG_CONTEXT,
+    LongRequest,
+    Progress,
+    check_cap,
+    plan,
+    run_chunked,
+    strategy_of,
+    wants_chunking,
+)
 from appliance.api.validation import (
     Limits,
     ParsedRequest,
@@ -24,8 +35,8 @@ from appliance.api.validation import (
     completion_prompt_ids,
     decode_body,
 )
-from appliance.domain.engine_types import GenerationDelta, GenerationRequest
-from appliance.errors import ApplianceError, EngineDead, Unauthorized
+from appliance.domain.engine_types import GenerationDelta
+from appliance.errors import ApplianceError, BadRequest, EngineDead, Unauthorized
 from appliance.logs import request_id_var
 
 log = logging.getLogger("appliance.requests")
@@ -105,9 +116,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     limits = limits_of(svc)
     check_model(body, limits)
     messages = chat_messages(body)
-    common(body, "chat", None, limits)  # cheap field checks before the tokenizer runs
+    field_checked = common(body, "chat", None, limits)  # cheap, before the tokenizer runs
+    chunk = wants_chunking(body, svc.config.long_context)
+    strategy_of(body, svc.config.long_context)  # a bad value is a 400 even when it fits
     prompt = svc.tokenizer.chat_prompt(messages)
-    parsed = common(body, "chat", await _encode(svc, prompt), limits)
+    ids = await _encode(svc, prompt)
+    check_cap(len(ids), svc.config.long_context, param="messages")
+    try:
+        parsed = common(body, "chat", ids, limits)
+    except BadRequest as exc:
+        if not chunk or exc.code != "context_length_exceeded":
+            raise
+        long = await plan(
+            svc, body, messages, len(ids), field_checked.sampling.max_tokens, limits
+        )
+        return await _serve(request, svc, field_checked, long=long)
     return await _serve(request, svc, parsed)
 
 
@@ -128,63 +151,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, svc, parsed)
 
 
-@dataclass
-class _Outcome:
-    """What one generation produced, for the response and the metrics."""
-
-    text: list[str] = field(default_factory=list)
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    admitted_s: float | None = None
-
-
-async def _generate(
-    svc: Services, parsed: ParsedRequest, request_id: str, outcome: _Outcome, arrived_s: float
-) -> AsyncIterator[GenerationDelta]:
-    """Run the request in the engine, cut at its deadline; fills outcome as it goes."""
-    engine = svc.supervisor.engine
-    gen_req = GenerationRequest(
-        request_id, parsed.prompt_token_ids, parsed.sampling, priority=int(parsed.lane)
-    )
-    stream = engine.generate(gen_req)
-    deadline_s = arrived_s + parsed.deadline_ms / 1000 if parsed.deadline_ms else None
-    try:
-        while True:
-            try:
-                if deadline_s is None:
-                    delta = await anext(stream)
-                else:
-                    remaining = deadline_s - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    delta = await asyncio.wait_for(anext(stream), timeout=remaining)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                outcome.finish_reason = "deadline"
-                break
-            now = time.monotonic()
-            if delta.new_tokens:
-                if outcome.first_token_s is None:
-                    outcome.first_token_s = now
-                outcome.last_token_s = now
-                outcome.completion_tokens += delta.new_tokens
-            if delta.text:
-                outcome.text.append(delta.text)
-            if delta.finish_reason:
-                outcome.finish_reason = delta.finish_reason
-            yield delta
-    finally:
-        await stream.aclose()  # aborts the engine request when we stopped early
-
-
 def _record(
-    svc: Services, parsed: ParsedRequest, outcome: _Outcome, arrived_s: float, status: str
+    svc: Services, parsed: ParsedRequest, outcome: Outcome, arrived_s: float, status: str
 ) -> None:
     m = svc.metrics
     m.requests_total.labels(status).inc()
+    if status in ("deadline", "deadline_queued"):
+        stage = "queued" if status == "deadline_queued" else "generating"
+        m.deadline_expired_total.labels(parsed.lane.label, stage).inc()
     m.prompt_tokens_total.inc(len(parsed.prompt_token_ids))
     m.generated_tokens_total.inc(outcome.completion_tokens)
     m.generated_tokens += outcome.completion_tokens
@@ -225,13 +199,19 @@ def _round(at_s: float | None, since_s: float) -> float | None:
     return None if at_s is None else round(at_s - since_s, 6)
 
 
-async def _serve(request: web.Request, svc: Services, parsed: ParsedRequest) -> web.StreamResponse:
+async def _serve(
+    request: web.Request, svc: Services, parsed: ParsedRequest, long: LongRequest | None = None
+) -> web.StreamResponse:
     """Admission, generation, and the response: JSON or an SSE stream."""
     arrived_s = request.get(ARRIVED_S, time.monotonic())
     request_id = request_id_var.get() or uuid.uuid4().hex
+    if parsed.deadline_ms is None:
+        lane_default = svc.config.admission.lane_deadline_ms.for_lane(parsed.lane.label)
+        if lane_default is not None:
+            parsed = dataclasses.replace(parsed, deadline_ms=lane_default)
     svc.supervisor.check_admitting()
     deadline_abs = arrived_s + parsed.deadline_ms / 1000 if parsed.deadline_ms else None
-    outcome = _Outcome()
+    outcome = Outcome()
     status = "error"
     try:
         async with svc.admission.slot(parsed.lane, deadline_abs):
@@ -239,10 +219,24 @@ async def _serve(request: web.Request, svc: Services, parsed: ParsedRequest) -> 
             svc.metrics.queue_wait_seconds.labels(parsed.lane.label).observe(
                 outcome.admitted_s - arrived_s
             )
+            source: AsyncIterator[GenerationDelta | Progress] = (
+                generate(svc, parsed, request_id, outcome, arrived_s)
+                if long is None
+                else run_chunked(
+                    svc,
+                    request.app[LONG_CONTEXT],
+                    parsed,
+                    long,
+                    request_id,
+                    outcome,
+                    arrived_s,
+                    limits_of(svc),
+                )
+            )
             if parsed.stream:
-                resp = await _stream(request, svc, parsed, request_id, outcome, arrived_s)
+                resp = await _stream(request, svc, parsed, request_id, outcome, source)
             else:
-                async for _ in _generate(svc, parsed, request_id, outcome, arrived_s):
+                async for _ in source:
                     pass
                 resp = web.json_response(_final_body(svc, parsed, request_id, outcome))
             status = {"deadline": "deadline", "error": "error"}.get(
@@ -269,17 +263,19 @@ def _ids(parsed: ParsedRequest, request_id: str) -> tuple[str, str]:
     return f"cmpl-{request_id}", "text_completion"
 
 
-def _usage(parsed: ParsedRequest, outcome: _Outcome) -> dict[str, int]:
-    prompt = len(parsed.prompt_token_ids)
+def _usage(parsed: ParsedRequest, outcome: Outcome) -> dict[str, int]:
+    # A chunked document counts every pass: what the engine read and wrote for it.
+    prompt = len(parsed.prompt_token_ids) + outcome.extra_prompt_tokens
+    completion = outcome.completion_tokens + outcome.extra_completion_tokens
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": outcome.completion_tokens,
-        "total_tokens": prompt + outcome.completion_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     }
 
 
 def _final_body(
-    svc: Services, parsed: ParsedRequest, request_id: str, outcome: _Outcome
+    svc: Services, parsed: ParsedRequest, request_id: str, outcome: Outcome
 ) -> dict[str, Any]:
     oid, obj = _ids(parsed, request_id)
     text = "".join(outcome.text)
@@ -299,6 +295,7 @@ def _final_body(
         "model": svc.model_name,
         "choices": [choice],
         "usage": _usage(parsed, outcome),
+        **({"long_context": outcome.long_context} if outcome.long_context else {}),
     }
 
 
@@ -341,8 +338,8 @@ async def _stream(
     svc: Services,
     parsed: ParsedRequest,
     request_id: str,
-    outcome: _Outcome,
-    arrived_s: float,
+    outcome: Outcome,
+    source: AsyncIterator[GenerationDelta | Progress],
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={
@@ -360,9 +357,14 @@ async def _stream(
     if parsed.kind == "chat":
         await send(_chunk(svc, parsed, request_id, created, "", None, first=True))
     try:
-        async for delta in _generate(svc, parsed, request_id, outcome, arrived_s):
-            if delta.text:
-                await send(_chunk(svc, parsed, request_id, created, delta.text, None))
+        async for item in source:
+            if isinstance(item, Progress):
+                # An empty delta carrying the pass that starts: OpenAI clients skip it.
+                progress = _chunk(svc, parsed, request_id, created, None, None)
+                progress["long_context"] = item.to_dict()
+                await send(progress)
+            elif item.text:
+                await send(_chunk(svc, parsed, request_id, created, item.text, None))
     except EngineDead as exc:
         # Headers are gone already: the failure travels as an error event in the stream.
         await send(error_body(exc))

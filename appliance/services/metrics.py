@@ -62,6 +62,12 @@ class Metrics:
         self.prompt_tokens_total = Counter(
             "appliance_prompt_tokens", "Prompt tokens processed", registry=r
         )
+        self.deadline_expired_total = Counter(
+            "appliance_deadline_expired",
+            "Requests whose deadline passed, by lane and where (queued: never ran)",
+            ["priority", "stage"],
+            registry=r,
+        )
         self.engine_restarts_total = Counter(
             "appliance_engine_restarts", "Engine restarts by cause", ["cause"], registry=r
         )

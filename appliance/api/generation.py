@@ -1,0 +1,68 @@
+"""One generation in the engine, cut at its deadline, and what it produced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from appliance.api.keys import Services
+from appliance.api.validation import ParsedRequest
+from appliance.domain.engine_types import GenerationDelta, GenerationRequest
+
+
+@dataclass
+class Outcome:
+    """What one generation produced, for the response and the metrics."""
+
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    admitted_s: float | None = None
+    # Chunked long documents: the passes before the last, counted into usage.
+    extra_prompt_tokens: int = 0
+    extra_completion_tokens: int = 0
+    long_context: dict[str, object] | None = None
+
+
+async def generate(
+    svc: Services, parsed: ParsedRequest, request_id: str, outcome: Outcome, arrived_s: float
+) -> AsyncIterator[GenerationDelta]:
+    """Run the request in the engine, cut at its deadline; fills outcome as it goes."""
+    engine = svc.supervisor.engine
+    gen_req = GenerationRequest(
+        request_id, parsed.prompt_token_ids, parsed.sampling, priority=int(parsed.lane)
+    )
+    stream = engine.generate(gen_req)
+    deadline_s = arrived_s + parsed.deadline_ms / 1000 if parsed.deadline_ms else None
+    try:
+        while True:
+            try:
+                if deadline_s is None:
+                    delta = await anext(stream)
+                else:
+                    remaining = deadline_s - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    delta = await asyncio.wait_for(anext(stream), timeout=remaining)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                outcome.finish_reason = "deadline"
+                break
+            now = time.monotonic()
+            if delta.new_tokens:
+                if outcome.first_token_s is None:
+                    outcome.first_token_s = now
+                outcome.last_token_s = now
+                outcome.completion_tokens += delta.new_tokens
+            if delta.text:
+                outcome.text.append(delta.text)
+            if delta.finish_reason:
+                outcome.finish_reason = delta.finish_reason
+            yield delta
+    finally:
+        await stream.aclose()  # aborts the engine request when we stopped early
