@@ -21,6 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_section  # noqa: E402
 from bench.servers import ServerProc, free_port, start_appliance, start_vllm_server  # noqa: E402
 
 MAX_MODEL_LEN = 2048
@@ -137,20 +138,6 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def write_section(doc: Path, section: str) -> None:
-    """Replace this benchmark's section in docs/benchmarks.md, keeping the others."""
-    marker_start, marker_end = "<!-- compare_vllm:start -->", "<!-- compare_vllm:end -->"
-    block = f"{marker_start}\n{section}{marker_end}\n"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
-    if marker_start in text:
-        head, rest = text.split(marker_start, 1)
-        tail = rest.split(marker_end, 1)[1].lstrip("\n")
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    doc.write_text(text)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,4,16")
@@ -220,7 +207,7 @@ def main() -> int:
     print(section)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_section(out, section)
+    write_section(out, "compare_vllm", section)
     (out.parent / "bench-compare-vllm.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=1, default=str)
     )

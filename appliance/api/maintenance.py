@@ -4,14 +4,17 @@ services, and the admin routes for jobs, benchmarks and threshold sets."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from appliance.api.keys import SERVICES, Services
+from appliance.domain.rates import CounterRates
 from appliance.domain.recalibrate import Bounds, Thresholds
 from appliance.errors import ApplianceError, NotFound
 from appliance.services.admission import Lane
@@ -35,8 +38,10 @@ class NoRollback(ApplianceError):
     retryable = False
 
 
-def history_row(svc: Services) -> dict[str, Any]:
-    """One metric-history row: load, limits, KV, temperatures, latency percentiles."""
+def history_row(svc: Services, rates: CounterRates | None = None) -> dict[str, Any]:
+    """One metric-history row: load, throughput, limits, KV, GPU and host memory,
+    temperatures, latency percentiles (what recalibration, the load predictor and
+    `appliance logs analyze` read back)."""
     adm = svc.admission.snapshot()
     row: dict[str, Any] = {
         "in_flight": adm.in_flight,
@@ -66,6 +71,32 @@ def history_row(svc: Services) -> dict[str, Any]:
         row["mem_temp_c_max"] = max(mems)
     if power:
         row["power_w"] = sum(power)
+    util = [g.gpu_util_pct for g in gpus if g.gpu_util_pct is not None]
+    if util:
+        row["gpu_util_pct"] = sum(util) / len(util)
+    bw = [g.mem_bw_util_pct for g in gpus if g.mem_bw_util_pct is not None]
+    if bw:
+        row["mem_bw_util_pct"] = sum(bw) / len(bw)
+    used = [g.mem_used_bytes for g in gpus if g.mem_used_bytes is not None]
+    total = [g.mem_total_bytes for g in gpus if g.mem_total_bytes]
+    if used and total:
+        row["gpu_memory_used_bytes"] = sum(used)
+        row["gpu_memory_total_bytes"] = sum(total)
+        row["mem_used_ratio"] = sum(used) / sum(total)
+    row["rss_bytes"] = _rss_bytes(svc)
+    row["memory_limit_bytes"] = _memory_limit_bytes()
+    if rates is not None:
+        m = svc.metrics
+        per_s = rates.sample(
+            time.monotonic(),
+            {
+                "tokens_per_s": m.generated_tokens,
+                "requests_per_s": m.finished,
+                "arrivals_per_s": m.arrivals,
+                "rejected_per_s": m.rejected,
+            },
+        )
+        row.update((k, round(v, 4)) for k, v in per_s.items() if v is not None)
     window = svc.latency.stats(time.monotonic(), min_samples=1)
     if window.ttft_p99_s is not None:
         row["ttft_p99_s"] = window.ttft_p99_s
@@ -75,6 +106,26 @@ def history_row(svc: Services) -> dict[str, Any]:
         row["tpot_p50_s"] = window.tpot_p50_s
     row["requests_in_window"] = window.count
     return row
+
+
+def _rss_bytes(svc: Services) -> int:
+    """The daemon's RSS plus its engine processes' (what an OOM killer weighs)."""
+    try:
+        own = psutil.Process(os.getpid()).memory_info().rss
+    except psutil.Error:
+        own = 0
+    return own + engine_rss(svc.supervisor)
+
+
+def _memory_limit_bytes() -> int:
+    """The cgroup's memory.max where one is set (systemd MemoryMax=), else host RAM."""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            return int(text)
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def load_guard(svc: Services) -> str | None:
@@ -230,7 +281,10 @@ async def maintenance_ctx(app: web.Application) -> AsyncIterator[None]:
     benchmark's concurrency ceiling.
     """
     svc = app[SERVICES]
-    svc.history = HistorySampler(svc.store, lambda: history_row(svc), svc.config.maintenance)
+    rates = CounterRates()
+    svc.history = HistorySampler(
+        svc.store, lambda: history_row(svc, rates), svc.config.maintenance
+    )
     await svc.history.start()
     if svc.store.active_thresholds() is not None:
         apply_thresholds(svc, current_thresholds(svc))

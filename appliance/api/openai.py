@@ -156,6 +156,10 @@ def _record(
 ) -> None:
     m = svc.metrics
     m.requests_total.labels(status).inc()
+    if status == "rejected":
+        m.rejected += 1
+    elif status != "not_ready":
+        m.finished += 1
     if status in ("deadline", "deadline_queued"):
         stage = "queued" if status == "deadline_queued" else "generating"
         m.deadline_expired_total.labels(parsed.lane.label, stage).inc()
@@ -205,6 +209,7 @@ async def _serve(
     """Admission, generation, and the response: JSON or an SSE stream."""
     arrived_s = request.get(ARRIVED_S, time.monotonic())
     request_id = request_id_var.get() or uuid.uuid4().hex
+    svc.metrics.arrivals += 1
     if parsed.deadline_ms is None:
         lane_default = svc.config.admission.lane_deadline_ms.for_lane(parsed.lane.label)
         if lane_default is not None:

@@ -57,8 +57,11 @@ class Metrics:
         self.generated_tokens_total = Counter(
             "appliance_generated_tokens", "Tokens generated", registry=r
         )
-        # The same count as a plain number, for joules per token without reading the registry.
+        # The same counts as plain numbers, for rates (history, J/token) without the registry.
         self.generated_tokens = 0
+        self.arrivals = 0  # requests that reached admission
+        self.finished = 0  # of those, answered (any status but rejected/not_ready)
+        self.rejected = 0  # 429s
         self.prompt_tokens_total = Counter(
             "appliance_prompt_tokens", "Prompt tokens processed", registry=r
         )

@@ -125,3 +125,22 @@ async def test_queued_deadline_tells_clients_not_to_retry(h: Harness):
     assert (await r.json())["error"]["code"] == "deadline_exceeded"
     for b in blockers:
         assert (await b).status == 200
+
+
+async def test_history_row_carries_throughput_memory_and_gpu_load(h: Harness):
+    from appliance.api.maintenance import history_row
+    from appliance.domain.rates import CounterRates
+
+    rates = CounterRates()
+    first = history_row(h.svc, rates)
+    assert "tokens_per_s" not in first  # no rate before a second sample
+    for _ in range(3):
+        assert (await h.client.post("/v1/chat/completions", json=_chat(max_tokens=5))).status == 200
+    await asyncio.sleep(0.05)
+    row = history_row(h.svc, rates)
+    assert row["tokens_per_s"] > 0 and row["requests_per_s"] > 0 and row["arrivals_per_s"] > 0
+    assert row["rejected_per_s"] == 0
+    assert 0 < row["rss_bytes"] < row["memory_limit_bytes"]
+    # The simulated GPU reports utilisation and memory like NVML does.
+    assert 0 <= row["gpu_util_pct"] <= 100 and 0 < row["mem_used_ratio"] < 1
+    assert row["gpu_memory_used_bytes"] <= row["gpu_memory_total_bytes"]

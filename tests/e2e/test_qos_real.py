@@ -1,0 +1,161 @@
+"""Quality of service on the real engine: the realtime lane through a batch flood,
+deadlines that return partial answers, a queued request past its deadline, and a
+document four times the context read in parts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from tests.conftest import Daemon
+
+pytestmark = pytest.mark.engine
+
+
+def _chat(daemon: Daemon, text: str, **kw) -> dict:
+    return {"model": daemon.model_name, "messages": [{"role": "user", "content": text}], **kw}
+
+
+async def _set_limit(daemon: Daemon, limit: int) -> None:
+    async with (
+        aiohttp.ClientSession(headers=daemon.admin_headers) as s,
+        s.put(daemon.url + "/admin/controller", json={"mode": "manual", "limit": limit}) as r,
+    ):
+        assert r.status == 200, await r.text()
+
+
+async def _wait_for(predicate, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+async def _stream_ttft(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, str]:
+    """(seconds to the first content, the whole text) of a streamed chat request."""
+    t0 = time.monotonic()
+    ttft = None
+    parts = []
+    async with session.post(url, json={**body, "stream": True}) as r:
+        assert r.status == 200, await r.text()
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"][0].get("delta", {})
+            if delta.get("content"):
+                ttft = ttft if ttft is not None else time.monotonic() - t0
+                parts.append(delta["content"])
+    assert ttft is not None
+    return ttft, "".join(parts)
+
+
+async def test_realtime_keeps_its_ttft_through_a_batch_flood(daemon: Daemon):
+    await _set_limit(daemon, 8)  # one slot of 8 is reserved for realtime (share 0.125)
+    url = daemon.url + "/v1/chat/completions"
+    flood = _chat(
+        daemon, "Write a long story about a lighthouse.", max_tokens=150, priority="batch"
+    )
+    async with aiohttp.ClientSession() as s:
+        # 7 batch requests take every unreserved slot, 2 more wait (the batch queue holds 2).
+        batch = [asyncio.create_task(_stream_ttft(s, url, flood)) for _ in range(9)]
+        await _wait_for(
+            lambda: (
+                (a := daemon.status()["admission"])["running"]["batch"] == 7
+                and a["queued"]["batch"] == 2
+            )
+        )
+        rt = _chat(daemon, "Say hi.", max_tokens=8, priority="realtime", deadline_ms=60_000)
+        ttft, text = await _stream_ttft(s, url, rt)
+        during = daemon.status()["admission"]
+        slo = daemon.status()["controller"]["slo_ttft_p99_s"]
+        print(f"realtime TTFT during the flood: {ttft:.3f} s (SLO {slo} s)")
+        assert text and ttft < slo
+        # The batch requests were still waiting and running when realtime was done.
+        assert during["queued"]["batch"] >= 1 and during["running"]["batch"] == 7
+        for t in batch:
+            t.cancel()
+        await asyncio.gather(*batch, return_exceptions=True)
+    await _wait_for(lambda: daemon.status()["admission"]["in_flight"] == 0)
+
+
+async def test_deadline_returns_the_answer_so_far_and_frees_the_engine(daemon: Daemon):
+    await _set_limit(daemon, 8)
+    body = _chat(daemon, "Write a long poem about the sea.", max_tokens=400, deadline_ms=2500)
+    async with aiohttp.ClientSession() as s:
+        t0 = time.monotonic()
+        async with s.post(daemon.url + "/v1/chat/completions", json=body) as r:
+            out = await r.json()
+        took = time.monotonic() - t0
+        _, text = await _stream_ttft(s, daemon.url + "/v1/chat/completions", body)
+    choice = out["choices"][0]
+    assert r.status == 200 and choice["finish_reason"] == "deadline"
+    assert choice["message"]["content"] and 0 < out["usage"]["completion_tokens"] < 400
+    assert took < 2.5 + 1.0  # cut at the deadline, not at 400 tokens
+    assert text  # the streamed one also ended with what it had
+    # The cut requests were aborted in the engine.
+    await _wait_for(lambda: daemon.status()["engine"]["unfinished"] == 0, timeout_s=5)
+
+
+async def test_queued_request_past_its_deadline_never_reaches_the_engine(daemon: Daemon):
+    # One request runs; admission is held (operator pause) so nothing else can start and
+    # no new prompt reaches the engine; the queued request's deadline passes.
+    await _set_limit(daemon, 1)
+    url = daemon.url + "/v1/chat/completions"
+    admin = aiohttp.ClientSession(headers=daemon.admin_headers)
+    try:
+        async with aiohttp.ClientSession() as s:
+            blocker = asyncio.create_task(
+                _stream_ttft(s, url, _chat(daemon, "Write a long poem.", max_tokens=200))
+            )
+            await _wait_for(lambda: daemon.status()["admission"]["in_flight"] == 1)
+            async with admin.post(daemon.url + "/admin/engine/pause") as r:
+                assert r.status == 200, await r.text()
+            await asyncio.sleep(1.0)  # the blocker's prefill is in the engine's counters
+            before = daemon.status()
+            body = _chat(daemon, "Hello?", max_tokens=8, deadline_ms=700)
+            async with s.post(url, json=body) as r:
+                assert r.status == 408, await r.text()
+                assert r.headers["x-should-retry"] == "false"
+                assert (await r.json())["error"]["code"] == "deadline_exceeded"
+            await asyncio.sleep(1.0)
+            after = daemon.status()
+            blocker.cancel()
+            await asyncio.gather(blocker, return_exceptions=True)
+    finally:
+        async with admin.post(daemon.url + "/admin/engine/resume") as r:
+            pass
+        await admin.close()
+        await _set_limit(daemon, 8)
+    assert after["admission"]["queued"]["interactive"] == 0  # it left the queue
+    assert after["admission"]["admitted_total"] == before["admission"]["admitted_total"]
+    assert (
+        after["engine"]["counters"]["prompt_tokens_total"]
+        == before["engine"]["counters"]["prompt_tokens_total"]
+    )
+
+
+async def test_a_document_four_times_the_context_is_read_in_parts(daemon: Daemon):
+    ctx = daemon.status()["config"]["max_model_len"]
+    sentence = "The harbour town kept its boats painted blue and its nets dry in the sun. "
+    doc = "Summarise this document in one sentence.\n\n" + sentence * (4 * ctx // 15 + 10)
+    body = _chat(daemon, doc, max_tokens=48, temperature=0, long_context="chunk")
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(daemon.url + "/v1/chat/completions", json=body) as r,
+    ):
+        out = await r.json()
+    assert r.status == 200, out
+    lc = out["long_context"]
+    print("long document:", lc, out["usage"], out["choices"][0]["message"]["content"][:200])
+    assert lc["strategy"] == "refine" and lc["parts"] >= 4 and lc["passes"] == lc["parts"]
+    assert out["usage"]["prompt_tokens"] >= 4 * ctx
+    assert out["choices"][0]["message"]["content"].strip()
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    assert daemon.status()["long_context"]["completed_total"] >= 1
