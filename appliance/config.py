@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from appliance.domain.analysis import ScoreWeights
 from appliance.domain.controller import ControllerConfig
 from appliance.errors import ConfigError
 from appliance.telemetry_config import TelemetryConfig, ThermalConfig
@@ -145,6 +146,10 @@ class ControllerSettings(_Section):
     kv_high_ratio: float = Field(0.9, gt=0, le=1)
     decrease_factor: float = Field(0.75, gt=0, lt=1)
     increase_step: int = Field(1, ge=1, le=1024)
+    # auto: the load predictor's forecast may raise the limit ahead of a burst (the LSTM
+    # where it beat the EWMA baseline on this box's own history, else the EWMA); off: never.
+    forecast: Literal["off", "auto"] = "auto"
+    forecast_horizon_s: float = Field(30.0, gt=0, le=3600)
 
     def to_policy(self, slo: SloConfig, max_num_seqs: int) -> ControllerConfig:
         """The pure policy's frozen config."""
@@ -166,6 +171,28 @@ class ControllerSettings(_Section):
         )
 
 
+class ScoreWeightsConfig(_Section):
+    """Weights of the benchmark's score (normalised, so they need not sum to 1)."""
+
+    latency: float = Field(0.4, ge=0, le=100)
+    throughput: float = Field(0.3, ge=0, le=100)
+    utilisation: float = Field(0.2, ge=0, le=100)
+    energy: float = Field(0.1, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScoreWeightsConfig:
+        if self.latency + self.throughput + self.utilisation + self.energy <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+    def to_policy(self) -> ScoreWeights:
+        return ScoreWeights(self.latency, self.throughput, self.utilisation, self.energy)
+
+
+class BenchConfig(_Section):
+    weights: ScoreWeightsConfig = ScoreWeightsConfig()
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -182,6 +209,7 @@ class Config(_Section):
     slo: SloConfig = SloConfig()
     controller: ControllerSettings = ControllerSettings()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    bench: BenchConfig = BenchConfig()
     logging: LoggingConfig = LoggingConfig()
 
     def with_overrides(self, **server: Any) -> Config:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.bench_runner import BenchSettings, run_sweep
+from appliance.domain.analysis import ScoreWeights, Slo
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
 
@@ -31,6 +32,8 @@ async def rebenchmark(
     max_tokens: int,
     regression_ratio: float,
     set_ceiling: Callable[[int], None] | None = None,
+    slo: Slo | None = None,
+    weights: ScoreWeights | None = None,
 ) -> dict[str, Any]:
     """Run the sweep, store it, compare with the previous run, hand the knee on."""
     previous = store.benchmarks(limit=1)
@@ -41,7 +44,7 @@ async def rebenchmark(
         max_tokens=max_tokens,
         admin_token=admin_token,
     )
-    report = await run_sweep(settings)
+    report = await run_sweep(settings, slo, weights)
     result = report.to_dict()
     bench_id = store.add_benchmark("maintenance", result)
     now_best = best_throughput(result)

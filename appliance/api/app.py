@@ -107,6 +107,7 @@ def build_services(
         ceiling=lambda: holder["svc"].ceiling if "svc" in holder else None,
         events=events,
         record=store.add_decision,
+        forecast=_forecaster(cfg, holder) if cfg.controller.forecast == "auto" else None,
     )
     events.add_sink(lambda e: store.add_event(e.ts_s, e.kind, e.reason, e.data))
     svc = Services(
@@ -131,6 +132,24 @@ def build_services(
     _wire_metrics(svc)
     svc.metrics.add_collector(TelemetryCollector(telemetry_loop))
     return svc
+
+
+def _forecaster(cfg: Config, holder: dict[str, Services]) -> Callable[[], object]:
+    """Pending requests expected soon, from the last five minutes of metric history."""
+    model = cfg.state_dir / "load_predictor.pt"
+
+    def forecast() -> object:
+        from appliance.predict.runtime import load_forecast
+
+        history = holder["svc"].history if "svc" in holder else None
+        if history is None:
+            return None
+        rows = history.history(time.time() - 300)
+        return load_forecast(
+            rows, model if model.exists() else None, horizon_s=cfg.controller.forecast_horizon_s
+        )
+
+    return forecast
 
 
 def _lost_gpu_watch(events: EventBus) -> Callable[[list[GpuSample]], None]:

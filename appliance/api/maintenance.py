@@ -3,6 +3,7 @@ services, and the admin routes for jobs, benchmarks and threshold sets."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -14,9 +15,10 @@ import psutil
 from aiohttp import web
 
 from appliance.api.keys import SERVICES, Services
+from appliance.domain.analysis import Slo
 from appliance.domain.rates import CounterRates
 from appliance.domain.recalibrate import Bounds, Thresholds
-from appliance.errors import ApplianceError, NotFound
+from appliance.errors import ApplianceError, BadRequest, NotFound
 from appliance.services.admission import Lane
 from appliance.services.history import HistorySampler
 from appliance.services.store import StateStore
@@ -177,6 +179,42 @@ def apply_thresholds(svc: Services, t: Thresholds) -> None:
     )
 
 
+def predictor_path(svc: Services) -> Path:
+    """Where the trained load model (and its held-out verdict) is kept."""
+    return svc.config.state_dir / "load_predictor.pt"
+
+
+async def train_predictor(svc: Services, history_s: float = 14 * 86400) -> dict[str, Any]:
+    """Fit the LSTM and the EWMA on the stored history, keep the LSTM only where it won."""
+    from appliance.predict.runtime import train_load_model
+
+    rows = svc.history.history(time.time() - history_s)
+    threshold = float(svc.ceiling or svc.admission.base_limit)
+    try:
+        report = await asyncio.to_thread(
+            train_load_model, rows, predictor_path(svc), burst_threshold=threshold
+        )
+    except ValueError as exc:  # too little history yet: nothing to learn from, not a failure
+        return {"trained": False, "reason": str(exc), "rows": len(rows)}
+    details = {
+        "trained": True,
+        "lstm_enabled": report.enabled,
+        "reason": report.reason,
+        "burst_threshold": report.burst_threshold,
+        "train_points": report.train_points,
+        "holdout_points": report.holdout_points,
+        "ewma_mae": report.ewma.mae,
+        "lstm_mae": report.lstm.mae,
+    }
+    svc.events.emit(
+        "predictor_trained",
+        f"load predictor trained on {report.train_points} points: "
+        f"{'LSTM enabled' if report.enabled else 'EWMA kept'} ({report.reason})",
+        **{k: v for k, v in details.items() if k != "reason"},
+    )
+    return details
+
+
 def rules_path(svc: Services) -> Path:
     """The generated Prometheus rules file carrying the recalibrated thresholds."""
     return svc.config.state_dir / "alerts.recalibrated.yml"
@@ -238,7 +276,13 @@ def build_scheduler(svc: Services) -> MaintenanceScheduler:
             max_tokens=m.benchmark_max_tokens,
             regression_ratio=m.regression_ratio,
             set_ceiling=svc.set_ceiling,
+            # The knee is where the SLO in force breaks; the score uses the configured weights.
+            slo=Slo(ttft_p99_s=svc.slo_ttft_p99_s, tpot_p99_s=svc.slo_tpot_p99_s),
+            weights=svc.config.bench.weights.to_policy(),
         )
+
+    async def predictor_job() -> dict[str, Any]:
+        return await train_predictor(svc)
 
     async def recalibrate_job() -> dict[str, Any]:
         bounds = Bounds(
@@ -259,6 +303,7 @@ def build_scheduler(svc: Services) -> MaintenanceScheduler:
         JobSpec("restart", m.restart.cron, m.restart.enabled, restart_job),
         JobSpec("benchmark", m.benchmark.cron, m.benchmark.enabled, benchmark_job),
         JobSpec("recalibrate", m.recalibrate.cron, m.recalibrate.enabled, recalibrate_job),
+        JobSpec("predictor", m.predictor.cron, m.predictor.enabled, predictor_job),
     ]
     counter = svc.metrics.maintenance_runs_total
     for job in jobs:
@@ -330,6 +375,31 @@ async def post_job_run(request: web.Request) -> web.Response:
 async def get_benchmarks(request: web.Request) -> web.Response:
     svc = request.app[SERVICES]
     return web.json_response({"benchmarks": svc.store.benchmarks(limit=10)})
+
+
+@routes.post("/admin/benchmarks")
+async def post_benchmark(request: web.Request) -> web.Response:
+    """Store a report of `appliance bench`; ?apply=1 makes its knee_limit the ceiling.
+
+    This is the last phase of the three-phase tuning: the limit the sweep found is handed
+    to the controller, which then never probes above it.
+    """
+    svc = request.app[SERVICES]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("body: not valid JSON", param="body") from None
+    if not isinstance(body, dict) or not isinstance(body.get("levels"), list):
+        raise BadRequest("body: a report of `appliance bench --json` (with levels)", param="body")
+    knee = body.get("knee_limit")
+    if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
+        raise BadRequest("knee_limit: must be a whole number >= 1 or null", param="knee_limit")
+    bench_id = svc.store.add_benchmark("cli", body)
+    applied = False
+    if request.query.get("apply") in ("1", "true") and knee is not None:
+        svc.set_ceiling(knee, source=f"appliance bench (run {bench_id})")
+        applied = True
+    return web.json_response({"id": bench_id, "applied": applied, "ceiling": svc.ceiling})
 
 
 @routes.get("/admin/history")

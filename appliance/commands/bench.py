@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from appliance.bench_runner import (
     run_sweep,
     run_tuning,
 )
-from appliance.domain.analysis import Slo
+from appliance.domain.analysis import ScoreWeights, Slo
 
 BAD_INPUT_EXIT = 2
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -91,21 +93,87 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--output", help="also write the JSON report to this file")
     p.add_argument("--plot", help="write a PNG of throughput and P99 TTFT vs concurrency")
+    p.add_argument(
+        "--no-record",
+        action="store_true",
+        help="do not store the report in the daemon's database (POST /admin/benchmarks)",
+    )
+    p.add_argument(
+        "--no-apply",
+        action="store_true",
+        help="with --tune: store the result but do not hand the limit to the controller",
+    )
+
+
+def _load_config(args: argparse.Namespace) -> Any:
+    """The config when one can be read, else None (any endpoint works without one)."""
+    try:
+        from appliance.config import find_config_path, load_config
+
+        return load_config(find_config_path(getattr(args, "config", None)))
+    except Exception:  # its defaults are only a guess for another endpoint
+        return None
 
 
 def _config_defaults(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     """(daemon URL, admin token path) from the config, when one can be read."""
-    try:
-        from appliance.config import find_config_path, load_config
-
-        path = find_config_path(getattr(args, "config", None))
-        cfg = load_config(path)
-    except Exception:  # any endpoint works without a config; its defaults are only a guess
+    cfg = _load_config(args)
+    if cfg is None:
         return None, None
     return (
         f"http://{cfg.server.host}:{cfg.server.port}",
         cfg.state_dir / cfg.server.admin_token_file,
     )
+
+
+def _weights(args: argparse.Namespace) -> ScoreWeights | None:
+    """The score weights of config.yaml (bench.weights), else the built-in 40/30/20/10."""
+    cfg = _load_config(args)
+    return None if cfg is None else cfg.bench.weights.to_policy()
+
+
+def _admin_call(
+    settings: BenchSettings, method: str, path: str, body: Any = None
+) -> dict[str, Any] | None:
+    """One admin API call to the benchmarked daemon; None without a token or on failure."""
+    if not settings.admin_token:
+        return None
+    req = urllib.request.Request(
+        settings.url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {settings.admin_token}",
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return dict(json.loads(resp.read()))
+    except (OSError, ValueError):
+        return None
+
+
+def daemon_slo(settings: BenchSettings) -> Slo | None:
+    """The SLO the daemon's controller steers by (GET /admin/status), when it says."""
+    status = _admin_call(settings, "GET", "/admin/status")
+    ctl = (status or {}).get("controller") or {}
+    ttft, tpot = ctl.get("slo_ttft_p99_s"), ctl.get("slo_tpot_p99_s")
+    if ttft is None and tpot is None:
+        return None
+    return Slo(ttft_p99_s=ttft, tpot_p99_s=tpot)
+
+
+def record(settings: BenchSettings, report: BenchReport, apply: bool) -> str | None:
+    """Store the report in the daemon's database; with apply, its limit becomes the ceiling."""
+    path = "/admin/benchmarks" + ("?apply=1" if apply else "")
+    answer = _admin_call(settings, "POST", path, report.to_dict())
+    if answer is None:
+        return None
+    text = f"stored as benchmark {answer.get('id')} in the daemon's database"
+    if answer.get("applied"):
+        text += f"; the controller's ceiling is now {answer.get('ceiling')}"
+    return text
 
 
 def _admin_token(args: argparse.Namespace, default_path: Path | None) -> str | None:
@@ -220,19 +288,30 @@ def _make_progress() -> _PlainProgress | _RichProgress:
     return _PlainProgress()
 
 
-def bench_result(args: argparse.Namespace, progress: ProgressFn | None = None) -> BenchReport:
-    """Run what the arguments ask for and return the report (raises ValueError, BenchError)."""
-    settings, slo = settings_from_args(args)
+def bench_result(
+    args: argparse.Namespace,
+    progress: ProgressFn | None = None,
+    settings_slo: tuple[BenchSettings, Slo | None] | None = None,
+) -> BenchReport:
+    """Run what the arguments ask for and return the report (raises ValueError, BenchError).
+
+    Without --slo-* the SLO is the one the benchmarked daemon steers by, where it says.
+    """
+    settings, slo = settings_slo or settings_from_args(args)
+    if slo is None:
+        slo = daemon_slo(settings)
+    weights = _weights(args)
     if args.tune:
         coro = run_tuning(
             settings,
             slo,
             max_concurrency=args.max_concurrency,
             max_limit=args.max_concurrency,
+            weights=weights,
             progress=progress,
         )
     else:
-        coro = run_sweep(settings, slo, progress=progress)
+        coro = run_sweep(settings, slo, weights=weights, progress=progress)
     return asyncio.run(coro)
 
 
@@ -341,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
     """0 when the sweep ran, 1 when the endpoint failed it, 2 on bad input."""
     progress = _make_progress()
     try:
-        report = bench_result(args, progress)
+        settings_slo = settings_from_args(args)
+        report = bench_result(args, progress, settings_slo)
     except ValueError as exc:
         progress.close()
         print(f"bench: {exc}", file=sys.stderr)
@@ -351,6 +431,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     progress.close()
+    if not getattr(args, "no_record", False):
+        stored = record(settings_slo[0], report, apply=args.tune and not args.no_apply)
+        if stored:
+            print(f"bench: {stored}", file=sys.stderr)
     if args.json:
         print(report.to_json())
     else:

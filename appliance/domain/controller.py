@@ -20,6 +20,10 @@ AIMD with memory. Each tick, in `auto` mode:
   forever; with this memory a noisy steady load settles one step below it and revisits it
   ever more rarely.
 - The limit lives within [min_limit, max_limit] and below the knee from the last benchmark.
+- A forecast from the load predictor (pending requests expected shortly, more than the
+  limit) counts as a queue for probing: the limit rises ahead of a burst while latency has
+  room, under every other condition of a probe (never while derated, over the SLO, or with
+  KV full). It never holds the limit up or cuts it: the SLO feedback stays in charge.
 
 The controller works on the *base* limit (what `AdmissionQueue.set_limit` takes) and reports
 the *effective* one, base x thermal derate factor (what actually runs), so a thermal cut
@@ -141,6 +145,11 @@ class ControlInputs:
     knee_limit: int | None = None  # from the last benchmark: a ceiling for auto mode
     mode: ControlMode = ControlMode.AUTO
     manual_limit: int | None = None
+    # The load predictor: requests pending (queued + running) expected `forecast_horizon_s`
+    # from now, and which model said so; None when no forecast is available.
+    forecast_pending: float | None = None
+    forecast_horizon_s: float | None = None
+    forecast_source: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -163,6 +172,13 @@ class ControlInputs:
             problems.append(f"in_flight: must be >= 0, got {self.in_flight}")
         if not 0 < self.derate_factor <= 1:
             problems.append(f"derate_factor: must be in (0, 1], got {self.derate_factor}")
+        if self.forecast_pending is not None and not (
+            math.isfinite(self.forecast_pending) and self.forecast_pending >= 0
+        ):
+            problems.append(
+                f"forecast_pending: must be a finite number >= 0 or None, "
+                f"got {self.forecast_pending}"
+            )
         if self.knee_limit is not None and self.knee_limit < 1:
             problems.append(f"knee_limit: must be >= 1 or None, got {self.knee_limit}")
         try:
@@ -429,7 +445,10 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
                 f"p99 TPOT {_fmt_s(tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
                 f"(probing needs < {_fmt_s(tpot_probe)})"
             )
-    if inputs.queued == 0 or inputs.in_flight == 0:
+    # A burst the predictor sees coming counts like a queue: raise the limit before it lands,
+    # while latency still has room, instead of after the queue and the TTFT have grown.
+    ahead = inputs.forecast_pending is not None and inputs.forecast_pending > limit
+    if (inputs.queued == 0 or inputs.in_flight == 0) and not ahead:
         return hold(f"no queue ({inputs.queued} waiting, {inputs.in_flight} running)")
     if kv >= cfg.kv_probe_max_ratio:
         return hold(f"KV cache {kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}")
@@ -467,10 +486,17 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     if new_limit <= limit:
         ceiling = f"the knee {knee}" if upper != cfg.max_limit else f"max_limit {cfg.max_limit}"
         return hold(f"at the ceiling ({ceiling})")
+    if inputs.queued > 0 and inputs.in_flight > 0:
+        pressure = f"{inputs.queued} queued"
+    else:
+        pressure = (
+            f"forecast {inputs.forecast_pending:.1f} pending in "
+            f"{inputs.forecast_horizon_s or 0:g} s ({inputs.forecast_source}) > limit {limit}"
+        )
     reason = (
         f"p99 TTFT {_fmt_s(ttft)} < {_fmt_s(ttft_probe)} "
         f"({cfg.probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_ttft_p99_s)}), "
-        f"{inputs.queued} queued: {_move(limit, new_limit, base, new_base, factor)}"
+        f"{pressure}: {_move(limit, new_limit, base, new_base, factor)}"
     )
     return _finish(
         cfg,

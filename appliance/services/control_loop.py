@@ -3,6 +3,7 @@ from live latency, KV usage, queue depth, derating and the benchmark's knee."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -39,6 +40,7 @@ class ControlLoop:
         events: EventBus,
         record: Callable[[float, int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        forecast: Callable[[], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.mode = mode
@@ -54,6 +56,14 @@ class ControlLoop:
         self.last: ControlDecision | None = None
         self.decisions: list[dict[str, Any]] = []  # the recent changes, for status views
         self._periodic = Periodic("controller", self.tick, lambda: self.cfg.tick_s, log)
+        # The load predictor runs off the loop (loading its model imports torch) on its own
+        # beat; a tick uses the latest forecast, whatever its age within two ticks.
+        self._forecast_fn = forecast
+        self.forecast: Any = None
+        self._forecast_at_s: float | None = None
+        self._forecaster = Periodic(
+            "load-forecast", self.refresh_forecast, lambda: self.cfg.tick_s, log
+        )
 
     def configure(
         self,
@@ -132,6 +142,7 @@ class ControlLoop:
             knee_limit=self._ceiling(),
             mode=self.mode,
             manual_limit=self.manual_limit if self.mode is ControlMode.MANUAL else None,
+            **self._forecast_inputs(now),
         )
         d = decide(self.cfg, inputs, self.state)
         self.state, self.last = d.state, d
@@ -157,10 +168,31 @@ class ControlLoop:
                 self._record(entry["ts_s"], d.limit, d.reason)
         return d
 
+    async def refresh_forecast(self) -> None:
+        """Ask the load predictor (in a thread) for the pending requests it expects."""
+        if self._forecast_fn is None:
+            return
+        self.forecast = await asyncio.to_thread(self._forecast_fn)
+        self._forecast_at_s = self._clock()
+
+    def _forecast_inputs(self, now_s: float) -> dict[str, Any]:
+        f = self.forecast
+        at = self._forecast_at_s
+        if f is None or at is None or now_s - at > 2 * self.cfg.tick_s:
+            return {}
+        return {
+            "forecast_pending": max(0.0, float(f.pending_expected)),
+            "forecast_horizon_s": float(f.horizon_s),
+            "forecast_source": str(f.source),
+        }
+
     async def start(self) -> None:
         await self._periodic.start()
+        if self._forecast_fn is not None:
+            await self._forecaster.start()
 
     async def stop(self) -> None:
+        await self._forecaster.stop()
         await self._periodic.stop()
 
     def snapshot(self) -> dict[str, Any]:
@@ -182,4 +214,13 @@ class ControlLoop:
                 "reason": self.last.reason,
             },
             "decisions": list(self.decisions),
+            "forecast": None
+            if self.forecast is None
+            else {
+                "pending_now": self.forecast.pending_now,
+                "pending_expected": self.forecast.pending_expected,
+                "horizon_s": self.forecast.horizon_s,
+                "source": self.forecast.source,
+                "reason": self.forecast.reason,
+            },
         }

@@ -82,3 +82,47 @@ def test_manual_mode_sets_the_operator_limit_and_bounds_clamp_it():
     assert loop.last.action is Action.MANUAL
     loop.configure(max_limit=5)
     assert admission.base_limit == 5 and "clamped to [1, 5]" in loop.last.reason
+
+
+class _Forecast:
+    pending_now = 2.0
+    pending_expected = 30.0
+    horizon_s = 30.0
+    source = "ewma"
+    reason = "test"
+
+
+async def test_the_latest_fresh_forecast_feeds_the_tick():
+    clock = Clock()
+    admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
+    latency = LatencyWindow(window_s=60)
+    cfg = ControllerConfig(
+        slo_ttft_p99_s=1.0,
+        slo_tpot_p99_s=None,
+        max_limit=8,
+        min_samples=2,
+        hold_ticks_after_increase=0,
+    )
+    loop = ControlLoop(
+        cfg,
+        ControlMode.AUTO,
+        admission,
+        latency,
+        kv_usage=lambda: 0.1,
+        ceiling=lambda: None,
+        events=EventBus(),
+        clock=clock,
+        forecast=_Forecast,
+    )
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1)
+    clock.now_s += 1
+    assert loop.tick().action is Action.HOLD  # no queue, no forecast yet
+    await loop.refresh_forecast()
+    d = loop.tick()
+    assert d.action is Action.UP and "forecast 30.0 pending in 30 s (ewma)" in d.reason
+    assert loop.snapshot()["forecast"]["pending_expected"] == 30.0
+    clock.now_s += 10 * cfg.tick_s  # a stale forecast is not used
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1)
+    assert loop.tick().action is Action.HOLD

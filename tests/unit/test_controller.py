@@ -538,3 +538,45 @@ def test_derate_step_lowers_the_operating_point_and_probing_cannot_undo_it(noise
     assert hot[0].limit == derated(cool.base_limit, 0.5) < cool.limit
     assert all(d.limit <= hot[0].limit for d in hot)
     assert all(d.action in (Action.HOLD, Action.DOWN, Action.DERATE) for d in hot)
+
+
+# -- the load predictor's forecast -------------------------------------------------------
+
+
+def _forecast(pending: float) -> dict[str, object]:
+    return {"forecast_pending": pending, "forecast_horizon_s": 30.0, "forecast_source": "lstm"}
+
+
+def test_forecast_burst_raises_the_limit_before_the_queue_forms():
+    quiet = inputs(limit=8, queued=0, in_flight=3)
+    assert step(quiet, settled()).action is Action.HOLD  # no queue, no forecast: hold
+    d = step(inputs(limit=8, queued=0, in_flight=3, **_forecast(20.0)), settled())
+    assert (d.action, d.limit) == (Action.UP, 9)
+    assert "forecast 20.0 pending in 30 s (lstm) > limit 8" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"ttft": 1.4}, "within SLO"),  # latency has no room
+        ({"kv": 0.85}, "KV cache"),  # memory has no room
+        ({"derate_factor": 0.75}, "thermal derate"),  # the thermal policy took load away
+        ({"ttft": None, "n": 0}, "needed to judge the SLO"),  # nothing to judge by
+    ],
+)
+def test_a_forecast_never_overrides_the_other_probe_conditions(kw: dict, why: str):
+    d = step(inputs(limit=8, queued=0, in_flight=3, **_forecast(50.0), **kw), settled())
+    assert d.action in (Action.HOLD, Action.DERATE) and d.base_limit == 8, d.reason
+    assert why in d.reason
+
+
+def test_a_forecast_below_the_limit_or_during_a_breach_changes_nothing():
+    d = step(inputs(limit=8, queued=0, in_flight=3, **_forecast(6.0)), settled())
+    assert d.action is Action.HOLD and "no queue" in d.reason
+    d = step(inputs(limit=8, ttft=2.0, **_forecast(50.0)), settled())
+    assert d.action is Action.DOWN  # the SLO feedback stays in charge
+
+
+def test_bad_forecast_is_rejected():
+    with pytest.raises(ValueError, match="forecast_pending"):
+        inputs(forecast_pending=float("nan"))

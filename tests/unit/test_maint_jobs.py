@@ -41,7 +41,7 @@ class _Report:
 
 
 async def _rebench(store, events, monkeypatch, tok_s, knee, ceilings) -> dict[str, Any]:
-    async def fake_sweep(settings):
+    async def fake_sweep(settings, slo=None, weights=None):
         return _Report(tok_s, knee)
 
     monkeypatch.setattr(rebench_mod, "run_sweep", fake_sweep)
