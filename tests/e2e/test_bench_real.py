@@ -80,6 +80,12 @@ def test_bench_sweep_completes_with_sane_numbers(daemon: Daemon, tmp_path: Path)
     assert doc["knee"]["concurrency"] in (1, 4, 16) and doc["knee"]["reason"]
     assert doc["pareto"] and set(doc["pareto"]) <= {1, 4, 16}
     assert doc["scores"]["best_concurrency"] in (1, 4, 16)
+    # Recorded in the daemon's SQLite store (POST /admin/benchmarks), not only printed.
+    assert "stored as benchmark" in proc.stderr, proc.stderr[-2000:]
+    code, stored = daemon.get("/admin/benchmarks", admin=True)
+    assert code == 200
+    newest = stored["benchmarks"][0]
+    assert newest["source"] == "cli" and newest["result"]["levels"] == doc["levels"]
     limit = levels[16]["telemetry"]["daemon_limit_max"]
     if limit is not None and limit < 16:
         assert any(f"concurrency limit was {limit}" in n for n in doc["notes"])
