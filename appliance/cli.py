@@ -147,6 +147,33 @@ def cmd_jobs_run(args: argparse.Namespace) -> int:
     return _daemon_call(args, run)
 
 
+def cmd_thresholds_list(args: argparse.Namespace) -> int:
+    def run(url: str, token: str) -> int:
+        doc = admin_get(url, token, "/admin/thresholds")
+        if args.json:
+            print(json.dumps(doc, indent=2))
+            return 0
+        active = doc["active"]
+        print(f"in force (from {active['source']}, set {active['id'] or '-'}):")
+        for key, value in active["data"].items():
+            print(f"  {key:<22} {value}")
+        earlier = ", ".join(str(t["id"]) for t in doc["previous"]) or "none"
+        print(f"earlier sets (rollback targets, newest first): {earlier}")
+        print(f"alert rules: {doc['rules_path']}")
+        return 0
+
+    return _daemon_call(args, run)
+
+
+def cmd_thresholds_rollback(args: argparse.Namespace) -> int:
+    def run(url: str, token: str) -> int:
+        out = admin_post(url, token, "/admin/thresholds/rollback")
+        print(json.dumps(out, indent=2))
+        return 0
+
+    return _daemon_call(args, run)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _load(args)
     url = args.url or f"http://{cfg.server.host}:{cfg.server.port}"
@@ -170,6 +197,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     print(f"admission  limit {adm['limit']}  in flight {adm['in_flight']}  queued {adm['queued']}")
     print(f"restarts   {eng.get('restarts_total')}  uptime {snap['uptime_s']:.0f} s")
+    ctl = snap.get("controller") or {}
+    print(
+        f"controller {ctl.get('mode')}  limit {adm['base_limit']} in [{ctl.get('min')}, "
+        f"{ctl.get('max')}]  SLO p99 TTFT {ctl.get('slo_ttft_p99_s')} s, "
+        f"TPOT {ctl.get('slo_tpot_p99_s')} s"
+    )
+    tel = snap.get("telemetry") or {}
+    thermal = tel.get("thermal") or {}
+    badge = "  SIMULATED" if tel.get("simulated") else ""
+    print(
+        f"thermal    {thermal.get('level')}  derate x{thermal.get('factor', 1):.2f}  "
+        f"source {tel.get('source')}{badge}"
+    )
+    for g in tel.get("gpus") or []:
+        if g.get("lost"):
+            print(f"gpu{g['index']}       LOST ({g.get('uuid')})")
+            continue
+        print(
+            f"gpu{g['index']}       {g.get('name')}  core {g.get('core_temp_c')} C  "
+            f"HBM {g.get('mem_temp_c')} C  power {g.get('power_w')} W  "
+            f"util {g.get('gpu_util_pct')} %"
+        )
+    per_token = (tel.get("energy_per_token_j") or {}).get("recent")
+    if per_token is not None:
+        print(f"energy     {per_token:.3g} J per generated token (last minute)")
     return 0
 
 
@@ -204,9 +256,23 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = jobs_sub.add_parser(name, help=hlp)
         if name == "run":
-            p.add_argument("name", help="restart | benchmark | recalibrate")
+            p.add_argument("name", help="restart | benchmark | recalibrate | predictor")
             p.add_argument("--force", action="store_true", help="skip the load guard")
         else:
+            p.add_argument("--json", action="store_true")
+        p.add_argument("--config")
+        p.add_argument("--url")
+        p.add_argument("--token-file")
+        p.set_defaults(func=fn)
+
+    th_p = sub.add_parser("thresholds", help="recalibrated alert and derating thresholds")
+    th_sub = th_p.add_subparsers(dest="thresholds_command", required=True)
+    for name, fn, hlp in (
+        ("list", cmd_thresholds_list, "the set in force and the earlier ones"),
+        ("rollback", cmd_thresholds_rollback, "go back to the set before the one in force"),
+    ):
+        p = th_sub.add_parser(name, help=hlp)
+        if name == "list":
             p.add_argument("--json", action="store_true")
         p.add_argument("--config")
         p.add_argument("--url")

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -71,25 +70,6 @@ def _cfg(tmp_path: Path, **sections: dict):
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value}
     return parse_config(base)
-
-
-@pytest.fixture
-async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
-    monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
-    engines: list[FakeEngine] = []
-
-    def factory() -> FakeEngine:
-        engines.append(FakeEngine(token_delay_s=0.005, start_delay_s=0.05, max_model_len=64))
-        return engines[-1]
-
-    app = build_app(_cfg(tmp_path), factory, WordTokenizer())
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    token = (tmp_path / "admin.token").read_text().strip()
-    harness = Harness(client, engines, token)
-    await harness.wait_ready()
-    yield harness
-    await client.close()
 
 
 def _chat(**kw):
