@@ -87,6 +87,7 @@ class LongRequest:
     windows: tuple[Window, ...]
     intermediate_max_tokens: int
     prompt_tokens: int
+    other_tokens: int  # the messages that are not cut, in every pass
 
 
 def wants_chunking(body: dict[str, Any], cfg: LongContextConfig) -> bool:
@@ -166,6 +167,7 @@ async def plan(
         windows=tuple(wins),
         intermediate_max_tokens=min(cfg.intermediate_max_tokens, final_max_tokens),
         prompt_tokens=prompt_tokens,
+        other_tokens=others,
     )
 
 
@@ -271,7 +273,18 @@ async def run_chunked(
                     return
                 answers.append(text)
             last = Progress(Stage.REDUCE, n, n, long.strategy)
-            final_content = chunking.reduce_answers(long.opening, answers)
+            # Many parts' answers together may not fit one pass: each gets an equal share.
+            budget = (
+                limits.max_model_len
+                - parsed.sampling.max_tokens
+                - len(tok.encode(long.opening))
+                - _PROMPT_SLACK_TOKENS
+                - long.other_tokens
+            )
+            share = max(8, budget // max(1, n) - 4)
+            final_content = chunking.reduce_answers(
+                long.opening, [_fit(tok, a, share) for a in answers]
+            )
         yield last
         tracker.update(request_id, last)
         ids = await prompt_for(final_content, parsed.sampling.max_tokens)

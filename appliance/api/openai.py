@@ -173,9 +173,10 @@ def _record(
         if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
             tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
             m.tpot_seconds.observe(tpot)
-        if status == "ok" and outcome.admitted_s is not None:
+        if status == "ok" and outcome.admitted_s is not None and outcome.long_context is None:
             # The controller judges the engine, so its TTFT starts at admission: queue wait
             # grows when the limit shrinks, and counting it would cut the limit to the floor.
+            # A chunked document's first token comes after all its parts: not a TTFT either.
             svc.latency.add(time.monotonic(), outcome.first_token_s - outcome.admitted_s, tpot)
     e2e = time.monotonic() - arrived_s
     m.e2e_seconds.observe(e2e)

@@ -59,6 +59,7 @@ async def test_killed_engine_core_is_detected_and_restarted(daemon: Daemon):
                 break
             await asyncio.sleep(0.05)
         assert not_ready_after is not None and not_ready_after < 5, not_ready_after
+        print(f"engine core killed: readiness 503 after {not_ready_after:.2f} s")
         texts = await asyncio.gather(*streams)
     for text in texts:
         events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]

@@ -18,7 +18,9 @@ class Clock:
         return self.now_s
 
 
-def _loop(clock: Clock) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, EventBus]:
+def _loop(
+    clock: Clock, forecast=None
+) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, EventBus]:
     admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
     latency = LatencyWindow(window_s=60)
     events = EventBus()
@@ -40,6 +42,7 @@ def _loop(clock: Clock) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, Eve
         ceiling=lambda: None,
         events=events,
         clock=clock,
+        forecast=forecast,
     )
     return loop, admission, latency, events
 
@@ -94,26 +97,8 @@ class _Forecast:
 
 async def test_the_latest_fresh_forecast_feeds_the_tick():
     clock = Clock()
-    admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
-    latency = LatencyWindow(window_s=60)
-    cfg = ControllerConfig(
-        slo_ttft_p99_s=1.0,
-        slo_tpot_p99_s=None,
-        max_limit=8,
-        min_samples=2,
-        hold_ticks_after_increase=0,
-    )
-    loop = ControlLoop(
-        cfg,
-        ControlMode.AUTO,
-        admission,
-        latency,
-        kv_usage=lambda: 0.1,
-        ceiling=lambda: None,
-        events=EventBus(),
-        clock=clock,
-        forecast=_Forecast,
-    )
+    loop, _, latency, _ = _loop(clock, forecast=_Forecast)
+    cfg = loop.cfg
     for _ in range(3):
         latency.add(clock.now_s, 0.1)
     clock.now_s += 1

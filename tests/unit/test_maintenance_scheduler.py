@@ -61,13 +61,8 @@ async def test_history_survives_a_store_restart(tmp_path: Path):
     assert [r.outcome for r in again.job_runs("j")] == ["ok"]
 
 
-async def test_missed_run_within_grace_runs_once_at_start(tmp_path: Path):
-    store = StateStore(tmp_path / "a.db")
-    # The daemon last ran the hourly job 2.5 hours ago and was down since.
-    run_id = store.start_job_run("hourly", "schedule")
-    store.finish_job_run(run_id, "ok", {})
-    with store._tx() as cur:
-        cur.execute("UPDATE job_runs SET started_s = ?", (time.time() - 2.5 * 3600,))
+async def _start_hourly_and_wait(store: StateStore) -> list[int]:
+    """Start a scheduler with one hourly job (grace 1 h); the job's calls after up to 2.5 s."""
     calls: list[int] = []
 
     async def job() -> dict:
@@ -89,6 +84,17 @@ async def test_missed_run_within_grace_runs_once_at_start(tmp_path: Path):
             await asyncio.sleep(0.05)
     finally:
         sched.shutdown()
+    return calls
+
+
+async def test_missed_run_within_grace_runs_once_at_start(tmp_path: Path):
+    store = StateStore(tmp_path / "a.db")
+    # The daemon last ran the hourly job 2.5 hours ago and was down since.
+    run_id = store.start_job_run("hourly", "schedule")
+    store.finish_job_run(run_id, "ok", {})
+    with store._tx() as cur:
+        cur.execute("UPDATE job_runs SET started_s = ?", (time.time() - 2.5 * 3600,))
+    calls = await _start_hourly_and_wait(store)
     assert calls == [1]  # coalesced: two missed hours run once
     assert store.job_runs("hourly")[0].trigger == "catch_up"
 
@@ -246,27 +252,7 @@ async def test_never_run_job_catches_up_from_its_baseline(tmp_path: Path):
     # first run is caught up once, not silently lost.
     store = StateStore(tmp_path / "a.db")
     _set_baseline(store, "hourly", time.time() - 2.5 * 3600)
-    calls: list[int] = []
-
-    async def job() -> dict:
-        calls.append(1)
-        return {}
-
-    sched = MaintenanceScheduler(
-        _cfg(misfire_grace_s=3600),
-        [JobSpec("hourly", "0 * * * *", True, job)],
-        store,
-        EventBus(),
-        guard=lambda: None,
-    )
-    sched.start()
-    try:
-        for _ in range(50):
-            if calls:
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        sched.shutdown()
+    calls = await _start_hourly_and_wait(store)
     assert calls == [1]
     assert store.job_runs("hourly")[0].trigger == "catch_up"
 
