@@ -189,8 +189,8 @@ async def run_chunked(
 ) -> AsyncIterator[GenerationDelta | Progress]:
     """Every pass in order; yields progress, then the last pass's deltas.
 
-    On the deadline (or an engine failure) inside an early pass, the answer so far comes
-    back as the answer with finish_reason "deadline".
+    On the deadline inside an early pass, the answer so far comes back as the answer with
+    finish_reason "deadline"; an engine failure ends the request as for any other.
     """
     tok = svc.tokenizer
     n = len(long.windows)
