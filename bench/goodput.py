@@ -436,6 +436,9 @@ def _daemon_config(arm: str, plan: Plan, static_limit: int, model_dir: Path) -> 
             "drain_timeout_s": 30,
         },
         "admission": {"realtime_reserved_share": 0, "retry_after_s": 1, **admission},
+        # Every arm starts manual (the configured default is auto, which would move the
+        # static and unbounded limits too); the controller arm switches to auto itself.
+        "controller": {"mode": "manual"},
         "logging": {"level": "warning"},
     }
 
