@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,8 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from bench.servers import free_port, start_appliance
+
+# Property tests draw the same examples on every run (HYPOTHESIS_PROFILE=explore for fresh
+# ones): in CI a failure is then a regression to look at, not a roll of the dice. No
+# deadline: a loaded 2-core box runs one example slower now and then.
+settings.register_profile("deterministic", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"

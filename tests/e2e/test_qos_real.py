@@ -77,8 +77,9 @@ async def test_realtime_keeps_its_ttft_through_a_batch_flood(daemon: Daemon):
         slo = daemon.status()["controller"]["slo_ttft_p99_s"]
         print(f"realtime TTFT during the flood: {ttft:.3f} s (SLO {slo} s)")
         assert text and ttft < slo
-        # The batch requests were still waiting and running when realtime was done.
-        assert during["queued"]["batch"] >= 1 and during["running"]["batch"] == 7
+        # It got its answer while the flood still ran: it did not wait for batch to drain.
+        # (Queued batch requests may have been admitted meanwhile, as early ones hit EOS.)
+        assert during["running"]["batch"] >= 1
         for t in batch:
             t.cancel()
         await asyncio.gather(*batch, return_exceptions=True)
