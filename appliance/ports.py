@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from appliance.domain.engine_types import (
     EngineInfo,
@@ -11,6 +11,7 @@ from appliance.domain.engine_types import (
     GenerationDelta,
     GenerationRequest,
 )
+from appliance.domain.request_scope import JsonReply, StreamReply
 
 
 class Tokenizer(Protocol):
@@ -26,10 +27,22 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int: ...
 
 
+class OpenAIFrontend(Protocol):
+    """vLLM's OpenAI serving layer over one engine (adapters/vllm_frontend.py)."""
+
+    async def serve(self, endpoint: str, request: Any) -> JsonReply | StreamReply: ...
+
+    async def models(self) -> dict[str, Any]: ...
+
+
 class Engine(Protocol):
     """One running inference engine; a new instance per (re)start."""
 
     async def start(self) -> EngineInfo: ...
+
+    @property
+    def frontend(self) -> OpenAIFrontend:
+        """The serving layer over this engine, once started."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]: ...
 

@@ -421,8 +421,10 @@ def _daemon_config(arm: str, plan: Plan, static_limit: int, model_dir: Path) -> 
     admission: dict[str, Any] = {
         "controller": {"concurrency_limit": static_limit, "max_queue_wait_s": bounded_wait_s},
         "static": {"concurrency_limit": static_limit, "max_queue_wait_s": bounded_wait_s},
+        # null: engine.max_num_seqs, all the engine can run (a config limit above it is refused);
+        # the rest wait unshed, as in vLLM's own queue.
         "unbounded": {
-            "concurrency_limit": UNBOUNDED_LIMIT,
+            "concurrency_limit": None,
             "max_queue_wait_s": 3600,
             "queue_capacity": {"realtime": 4096, "interactive": 4096, "batch": 4096},
         },
@@ -433,6 +435,8 @@ def _daemon_config(arm: str, plan: Plan, static_limit: int, model_dir: Path) -> 
             "max_model_len": 2048,
             "max_num_seqs": 64,
             "kv_cache_space_gib": 1,
+            # Every arm alike; the compiled default would add minutes to each arm's start.
+            "enforce_eager": True,
             "drain_timeout_s": 30,
         },
         "admission": {"realtime_reserved_share": 0, "retry_after_s": 1, **admission},

@@ -130,6 +130,8 @@ def main() -> int:
                             "max_model_len": 2048,
                             "max_num_seqs": 32,
                             "kv_cache_space_gib": 1,
+                            # Both arms alike; compiled would add minutes to each start.
+                            "enforce_eager": True,
                         },
                         "admission": {
                             "concurrency_limit": args.limit,

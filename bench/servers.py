@@ -111,8 +111,9 @@ def start_vllm_server(
     max_model_len: int,
     max_num_seqs: int,
     timeout_s: float = 420,
+    extra_args: list[str] | None = None,
 ) -> ServerProc:
-    """vLLM's own OpenAI server on the same model and engine settings."""
+    """vLLM's own OpenAI server on the same model and engine settings (plus extra_args)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}"}
     cmd = [
         sys.executable,
@@ -135,5 +136,51 @@ def start_vllm_server(
         "--enforce-eager",
         "--seed",
         "0",
+        *(extra_args or []),
     ]
+    return launch(cmd, f"http://127.0.0.1:{port}", "/health", log_path, timeout_s, env=env)
+
+
+def vllm_defaults_command(
+    model_dir: Path, port: int, kv_space_gib: float, served_model_name: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """vLLM's own OpenAI server with vLLM's defaults: (argv, env).
+
+    Only the model, its served name, the listen address and the KV budget are set. The CPU
+    engine takes its KV size from VLLM_CPU_KVCACHE_SPACE (whole GiB); a fractional budget goes
+    in as --kv-cache-memory-bytes instead, the same setting that variable feeds.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    kv_args: list[str] = []
+    if float(kv_space_gib).is_integer():
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_space_gib))
+    else:
+        kv_args = ["--kv-cache-memory-bytes", str(round(kv_space_gib * 2**30))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_model_name or model_dir.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *kv_args,
+    ]
+    return cmd, env
+
+
+def start_vllm_defaults(
+    model_dir: Path,
+    port: int,
+    log_path: Path,
+    kv_space_gib: float,
+    served_model_name: str | None = None,
+    timeout_s: float = 900,
+) -> ServerProc:
+    """Start vllm_defaults_command; ready when GET /health answers 200."""
+    cmd, env = vllm_defaults_command(model_dir, port, kv_space_gib, served_model_name)
     return launch(cmd, f"http://127.0.0.1:{port}", "/health", log_path, timeout_s, env=env)

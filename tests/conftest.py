@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 420
 
+# vLLM arguments both the shared daemon (engine.vllm) and vLLM's own server get.
+PARITY_ENGINE_VLLM = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
+PARITY_VLLM_ARGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `last` stop the shared daemon: run them after everything else."""
@@ -114,8 +118,13 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
             "max_model_len": 2048,
             "max_num_seqs": 32,
             "kv_cache_space_gib": 1,
+            # Eager: the compiled default costs minutes per engine start on this CPU.
+            "enforce_eager": True,
             "drain_timeout_s": 90,
             "health_interval_s": 1,
+            # vLLM's own arguments: a tool parser, so forced and auto tool calls are served
+            # (test_vllm_parity starts vLLM's server with the same flags).
+            "vllm": PARITY_ENGINE_VLLM,
         },
         "admission": {
             "concurrency_limit": 8,

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from appliance.adapters.vllm_frontend import VllmFrontend
 from appliance.config import Config, resolve_model_dir
 from appliance.domain.engine_types import (
     EngineInfo,
@@ -76,6 +77,9 @@ class VllmEngine:
         self._sink = _StatsSink()
         self._children: list[int] = []
         self._device = "cpu"
+        # vLLM's argument namespace (engine and frontend), set by _build.
+        self._namespace: Any = None
+        self._frontend: VllmFrontend | None = None
 
     async def start(self) -> EngineInfo:
         """Build AsyncLLM off the event loop (it blocks for the whole load and profile)."""
@@ -95,7 +99,20 @@ class VllmEngine:
             for p in psutil.Process().children(recursive=True)
             if p.pid not in before and not _is_resource_tracker(p)
         ]
+        try:
+            self._frontend = await VllmFrontend.build(self._llm, self._namespace)
+        except Exception as exc:
+            raise EngineStartError(
+                f"vLLM's serving layer failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
         return self.info()
+
+    @property
+    def frontend(self) -> VllmFrontend:
+        """vLLM's OpenAI serving layer over this engine."""
+        if self._frontend is None:
+            raise EngineDead("the engine has not started")
+        return self._frontend
 
     def _gpu_share(self) -> float:
         """engine.gpu_memory_utilization, or the share the memory cap leaves on the smallest
@@ -116,10 +133,11 @@ class VllmEngine:
         return gpu_memory_utilization_for(smallest, e.usable_memory_fraction)
 
     def _build(self) -> Any:
-        from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from appliance.adapters.vllm_args import build_namespace, engine_args_from
 
         e = self._cfg.engine
         self._device = "cpu" if current_platform.is_cpu() else current_platform.device_name
@@ -129,25 +147,16 @@ class VllmEngine:
             # and would override it, so it must not leak in from the environment.
             os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
             kv_bytes = round(e.kv_cache_space_gib * 2**30)
-        args = AsyncEngineArgs(
-            model=str(self._model_dir),
-            served_model_name=[e.served_model_name or self._model_dir.name],
-            max_model_len=e.max_model_len,
-            max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            dtype=e.dtype,
-            kv_cache_dtype=e.kv_cache_dtype,
+        # vLLM's own parser over engine.* and engine.vllm: the namespace `vllm serve` would
+        # have, which vLLM's serving layer is built from too.
+        self._namespace = build_namespace(
+            self._cfg,
+            self._model_dir,
             gpu_memory_utilization=self._gpu_share(),
-            tensor_parallel_size=e.tensor_parallel_size,
-            enforce_eager=e.enforce_eager,
-            scheduling_policy=e.scheduling_policy,
             kv_cache_memory_bytes=kv_bytes,
-            seed=e.seed,
-            enable_log_requests=False,
-            disable_log_stats=True,  # our own stat logger is enough; keeps the log quiet
         )
         return AsyncLLM.from_engine_args(
-            args,
+            engine_args_from(self._namespace),
             usage_context=UsageContext.OPENAI_API_SERVER,
             stat_loggers=[_stat_logger_factory(self._sink)],
         )

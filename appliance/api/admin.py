@@ -71,7 +71,7 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
         "engine": engine,
         "admission": asdict(adm),
         "config": {
-            "concurrency_limit": svc.config.admission.concurrency_limit,
+            "concurrency_limit": svc.config.concurrency_limit(),
             "max_queue_wait_s": svc.config.admission.max_queue_wait_s,
             "queue_capacity": svc.config.admission.queue_capacity.model_dump(),
             "max_model_len": svc.config.engine.max_model_len,

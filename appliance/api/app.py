@@ -64,7 +64,7 @@ def build_services(
 ) -> Services:
     """Construct the daemon's services (nothing started yet)."""
     events = EventBus()
-    admission = AdmissionQueue(cfg.admission)
+    admission = AdmissionQueue(cfg.admission, limit=cfg.concurrency_limit())
     supervisor = EngineSupervisor(
         engine_factory, admission, events, cfg.engine, retry_after_s=cfg.admission.retry_after_s
     )

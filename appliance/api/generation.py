@@ -5,27 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from appliance.api.keys import Services
 from appliance.api.validation import ParsedRequest
 from appliance.domain.engine_types import GenerationDelta, GenerationRequest
-
-
-@dataclass
-class Outcome:
-    """What one generation produced, for the response and the metrics."""
-
-    text: list[str] = field(default_factory=list)
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    admitted_s: float | None = None
-    # Chunked long documents: the passes before the last, counted into usage.
-    extra_prompt_tokens: int = 0
-    extra_completion_tokens: int = 0
-    long_context: dict[str, object] | None = None
+from appliance.domain.request_scope import Outcome
 
 
 async def generate(
@@ -53,12 +37,7 @@ async def generate(
             except TimeoutError:
                 outcome.finish_reason = "deadline"
                 break
-            now = time.monotonic()
-            if delta.new_tokens:
-                if outcome.first_token_s is None:
-                    outcome.first_token_s = now
-                outcome.last_token_s = now
-                outcome.completion_tokens += delta.new_tokens
+            outcome.tokens_out(delta.new_tokens, time.monotonic())
             if delta.text:
                 outcome.text.append(delta.text)
             if delta.finish_reason:

@@ -30,6 +30,30 @@ def readiness(svc: Services) -> tuple[bool, str, str | None]:
     return True, reason, None
 
 
+@routes.get("/health")
+@routes.get("/ping")
+@routes.post("/ping")
+async def vllm_health(request: web.Request) -> web.Response:
+    """vLLM's probe, as vLLM answers it: 200 with no body while the engine is alive, else
+    503 (tools written for vLLM, GuideLLM among them, check it before they start)."""
+    alive = request.app[SERVICES].supervisor.engine_alive()
+    return web.Response(status=200 if alive else 503)
+
+
+@routes.get("/version")
+async def version(request: web.Request) -> web.Response:
+    """vLLM's version endpoint, plus the appliance's own."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    info = request.app[SERVICES].supervisor.info
+    try:
+        ours = dist_version("appliance")
+    except PackageNotFoundError:
+        ours = "unknown"
+    return web.json_response({"version": info.version if info else "", "appliance": ours})
+
+
 @routes.get("/health/ready")
 async def ready(request: web.Request) -> web.Response:
     svc = request.app[SERVICES]

@@ -18,13 +18,14 @@ from typing import Any
 
 from aiohttp import web
 
-from appliance.api.generation import Outcome, generate
+from appliance.api.generation import generate
 from appliance.api.keys import Services
 from appliance.api.validation import Limits, ParsedRequest
 from appliance.config import LongContextConfig
 from appliance.domain import chunking
 from appliance.domain.chunking import Stage, Strategy, Window
 from appliance.domain.engine_types import GenerationDelta
+from appliance.domain.request_scope import Outcome
 from appliance.errors import BadRequest, BodyTooLarge
 
 _MODES = ("chunk", "error")

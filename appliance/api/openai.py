@@ -1,25 +1,31 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions."""
+"""The OpenAI-compatible API: vLLM's own serving layer, with the appliance's admission on top.
+
+Every request is parsed by vLLM's request model and answered by vLLM's serving class (see
+adapters/vllm_frontend.py), so fields mean what they mean on `vllm serve`. What this module
+adds is what no library does: API keys, lanes, the bounded admission queue (429, 408, 503
+with Retry-After), deadlines, long documents read in parts, metrics, one `request_done`
+log line per request.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from appliance.adapters.vllm_frontend import dumps, parse_request, request_fields
+from appliance.api import chunked
 from appliance.api.errors import error_body
-from appliance.api.generation import Outcome, generate
 from appliance.api.keys import SERVICES, Services
 from appliance.api.long_context import (
     LONG_CONTEXT,
     LongRequest,
-    Progress,
     check_cap,
     plan,
     run_chunked,
@@ -27,17 +33,24 @@ from appliance.api.long_context import (
     wants_chunking,
 )
 from appliance.api.validation import (
+    MAX_DEADLINE_MS,
     Limits,
-    ParsedRequest,
     chat_messages,
     check_model,
     common,
-    completion_prompt_ids,
     decode_body,
 )
-from appliance.domain.engine_types import GenerationDelta
-from appliance.errors import ApplianceError, BadRequest, EngineDead, Unauthorized
+from appliance.domain.request_scope import (
+    CURRENT_SCOPE,
+    DEADLINE_FINISH_REASON,
+    JsonReply,
+    Outcome,
+    RequestScope,
+    StreamReply,
+)
+from appliance.errors import ApplianceError, BadRequest, BodyTooLarge, Unauthorized
 from appliance.logs import request_id_var
+from appliance.services.admission import LANE_NAMES, Lane
 
 log = logging.getLogger("appliance.requests")
 
@@ -46,8 +59,18 @@ ARRIVED_S = web.RequestKey("arrived_s", float)
 
 routes = web.RouteTableDef()
 
-# Long prompts tokenize off the loop so one big document does not stall every stream.
-_INLINE_TOKENIZE_CHARS = 4096
+# The appliance's request fields for long documents (chat only); the others are
+# `priority` and `deadline_ms`. Everything else is vLLM's.
+_LONG_CONTEXT_FIELDS = ("long_context", "long_context_strategy")
+
+
+@dataclass(frozen=True)
+class Extensions:
+    """The appliance's request fields, validated."""
+
+    lane: Lane
+    deadline_ms: int | None
+    chunk: bool
 
 
 def limits_of(svc: Services) -> Limits:
@@ -71,88 +94,283 @@ def _check_api_key(request: web.Request, svc: Services) -> None:
         raise Unauthorized("Authorization: a valid 'Bearer <api key>' is required")
 
 
-async def _encode(svc: Services, text: str) -> list[int]:
-    if len(text) <= _INLINE_TOKENIZE_CHARS:
-        return svc.tokenizer.encode(text)
-    return await asyncio.to_thread(svc.tokenizer.encode, text)
-
-
 async def _read_json(request: web.Request, svc: Services) -> dict[str, Any]:
     limit = svc.config.server.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
-        from appliance.errors import BodyTooLarge
-
         raise BodyTooLarge(f"body: {length} bytes is over the limit of {limit} bytes", param="body")
     return decode_body(await request.read(), limit)
+
+
+def _extensions(body: dict[str, Any], svc: Services, endpoint: str) -> Extensions:
+    """Take the appliance's fields out of body (vLLM's models must not see them)."""
+    lane_name = body.pop("priority", "interactive")
+    if lane_name not in LANE_NAMES:
+        raise BadRequest(
+            f"priority: must be one of {list(LANE_NAMES)}, got {lane_name!r}", param="priority"
+        )
+    deadline = body.pop("deadline_ms", None)
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int)
+        or not 1 <= deadline <= MAX_DEADLINE_MS
+    ):
+        raise BadRequest(
+            f"deadline_ms: must be an integer between 1 and {MAX_DEADLINE_MS}, "
+            f"got {json.dumps(deadline)[:40]}",
+            param="deadline_ms",
+        )
+    lane = Lane.parse(lane_name)
+    if deadline is None:
+        deadline = svc.config.admission.lane_deadline_ms.for_lane(lane.label)
+    chunk = False
+    if endpoint == "chat":
+        chunk = wants_chunking(body, svc.config.long_context)
+        strategy_of(body, svc.config.long_context)  # a bad value is a 400 even when it fits
+    for key in _LONG_CONTEXT_FIELDS:
+        if key in body and endpoint != "chat":
+            raise BadRequest(f"{key}: only /v1/chat/completions reads long documents", param=key)
+    return Extensions(lane=lane, deadline_ms=deadline, chunk=chunk)
 
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     svc = request.app[SERVICES]
     _check_api_key(request, svc)
-    limits = limits_of(svc)
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": svc.model_name,
-                    "object": "model",
-                    "created": int(svc.started_at_s),
-                    "owned_by": "appliance",
-                    "max_model_len": limits.max_model_len,
-                }
-            ],
-        }
-    )
+    frontend = svc.supervisor.frontend()
+    return web.json_response(await frontend.models(), dumps=dumps)
 
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    svc = request.app[SERVICES]
-    _check_api_key(request, svc)
-    body = await _read_json(request, svc)
-    limits = limits_of(svc)
-    check_model(body, limits)
-    messages = chat_messages(body)
-    field_checked = common(body, "chat", None, limits)  # cheap, before the tokenizer runs
-    chunk = wants_chunking(body, svc.config.long_context)
-    strategy_of(body, svc.config.long_context)  # a bad value is a 400 even when it fits
-    prompt = svc.tokenizer.chat_prompt(messages)
-    ids = await _encode(svc, prompt)
-    check_cap(len(ids), svc.config.long_context, param="messages")
-    try:
-        parsed = common(body, "chat", ids, limits)
-    except BadRequest as exc:
-        if not chunk or exc.code != "context_length_exceeded":
-            raise
-        long = await plan(
-            svc, body, messages, len(ids), field_checked.sampling.max_tokens, limits
-        )
-        return await _serve(request, svc, field_checked, long=long)
-    return await _serve(request, svc, parsed)
+    return await _generate(request, "chat")
 
 
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+@routes.post("/v1/responses")
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "responses")
+
+
+@routes.post("/tokenize")
+async def tokenize(request: web.Request) -> web.StreamResponse:
+    return await _utility(request, "tokenize")
+
+
+@routes.post("/detokenize")
+async def detokenize(request: web.Request) -> web.StreamResponse:
+    return await _utility(request, "detokenize")
+
+
+async def _utility(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """Tokenizer endpoints: no engine step, so no admission slot."""
+    svc = request.app[SERVICES]
+    _check_api_key(request, svc)
+    parsed = parse_request(endpoint, await _read_json(request, svc))
+    reply = await svc.supervisor.frontend().serve(endpoint, parsed)
+    assert isinstance(reply, JsonReply)
+    return web.json_response(reply.body, status=reply.status, dumps=dumps)
+
+
+async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     svc = request.app[SERVICES]
     _check_api_key(request, svc)
     body = await _read_json(request, svc)
+    ext = _extensions(body, svc, endpoint)
+    rid = request_id_var.get() or uuid.uuid4().hex
+    if "request_id" in request_fields(endpoint) and "request_id" not in body:
+        body["request_id"] = rid
+    if endpoint in ("chat", "completion") and all(
+        body.get(k) is None for k in ("max_tokens", "max_completion_tokens")
+    ):
+        # engine.max_tokens_default caps an answer the client left open (vLLM would run
+        # to the end of the context); vLLM still clamps it to the room the prompt leaves.
+        body["max_tokens"] = svc.config.engine.max_tokens_default
+    if ext.chunk:
+        long = await _long_document(svc, body)
+        if long is not None:
+            return await _serve_chunked(request, svc, body, ext, long)
+    for key in _LONG_CONTEXT_FIELDS:
+        body.pop(key, None)
+    parsed = parse_request(endpoint, body)
+    return await _serve(request, svc, endpoint, ext, parsed)
+
+
+def _admitted(svc: Services, ext: Extensions, arrived_s: float) -> tuple[float | None, Any]:
+    """Readiness check, then the deadline; the admission slot is the caller's `async with`."""
+    svc.metrics.arrivals += 1
+    svc.supervisor.check_admitting()
+    deadline_s = arrived_s + ext.deadline_ms / 1000 if ext.deadline_ms else None
+    return deadline_s, svc.admission.slot(ext.lane, deadline_s)
+
+
+async def _serve(
+    request: web.Request, svc: Services, endpoint: str, ext: Extensions, parsed: Any
+) -> web.StreamResponse:
+    """Admission, then vLLM's serving class under the request's scope."""
+    arrived_s = request.get(ARRIVED_S, time.monotonic())
+    outcome = Outcome()
+    status = "error"
+    try:
+        deadline_s, slot = _admitted(svc, ext, arrived_s)
+        async with slot:
+            outcome.admitted_s = time.monotonic()
+            svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
+                outcome.admitted_s - arrived_s
+            )
+            token = CURRENT_SCOPE.set(RequestScope(int(ext.lane), deadline_s, outcome))
+            try:
+                reply = await svc.supervisor.frontend().serve(endpoint, parsed)
+                if isinstance(reply, StreamReply):
+                    resp: web.StreamResponse = await _stream(request, reply, outcome)
+                else:
+                    resp = web.json_response(reply.body, status=reply.status, dumps=dumps)
+            finally:
+                CURRENT_SCOPE.reset(token)
+            status = _status_of_outcome(outcome)
+            return resp
+    except asyncio.CancelledError:
+        status = "cancelled"  # the client went away; vLLM's request was aborted on the way out
+        raise
+    except ApplianceError as exc:
+        status = _status_of(exc)
+        raise
+    finally:
+        _record(svc, ext.lane, endpoint, outcome, arrived_s, status)
+
+
+async def _stream(
+    request: web.Request, reply: StreamReply, outcome: Outcome
+) -> web.StreamResponse:
+    """vLLM's SSE frames as they come; an engine failure's frame in the appliance's shape."""
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": request_id_var.get() or "",
+        }
+    )
+    await resp.prepare(request)
+    async for frame in reply.frames:
+        if outcome.error is not None and frame.startswith("data: {\"error\""):
+            # vLLM reports every failure as a 400-typed error event; say what it was.
+            err = outcome.error
+            frame = f"data: {json.dumps(error_body(err))}\n\n" if isinstance(
+                err, ApplianceError
+            ) else frame
+            outcome.finish_reason = "error"
+        await resp.write(frame.encode())
+    await resp.write_eof()
+    return resp
+
+
+# What a document read in parts honours; any other field is refused there, never ignored.
+_CHUNKED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "stream",
+        "stream_options",
+        "request_id",
+        "n",
+        "user",
+        *_LONG_CONTEXT_FIELDS,
+    }
+)
+
+
+async def _long_document(svc: Services, body: dict[str, Any]) -> LongRequest | None:
+    """The chunking plan when the chat prompt is over the context, else None."""
     limits = limits_of(svc)
     check_model(body, limits)
-    common(body, "completion", None, limits)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) and len(prompt) > _INLINE_TOKENIZE_CHARS:
-        ids = await asyncio.to_thread(completion_prompt_ids, body, svc.tokenizer, limits)
-    else:
-        ids = completion_prompt_ids(body, svc.tokenizer, limits)
-    parsed = common(body, "completion", ids, limits)
-    return await _serve(request, svc, parsed)
+    messages = chat_messages(body)
+    prompt = svc.tokenizer.chat_prompt(messages)
+    ids = await asyncio.to_thread(svc.tokenizer.encode, prompt)
+    check_cap(len(ids), svc.config.long_context, param="messages")
+    probe = dict(body, priority="interactive")
+    probe.pop("deadline_ms", None)
+    try:
+        common(probe, "chat", ids, limits)
+        return None  # it fits: vLLM serves it as it is
+    except BadRequest as exc:
+        if exc.code != "context_length_exceeded":
+            raise
+    extra = sorted(set(body) - _CHUNKED_FIELDS)
+    if extra:
+        raise BadRequest(
+            f"{extra[0]}: not served for a document read in parts (long_context: chunk); "
+            f"served there: {sorted(_CHUNKED_FIELDS)}",
+            param=extra[0],
+        )
+    field_checked = common(probe, "chat", None, limits)
+    return await plan(svc, body, messages, len(ids), field_checked.sampling.max_tokens, limits)
+
+
+async def _serve_chunked(
+    request: web.Request, svc: Services, body: dict[str, Any], ext: Extensions, long: LongRequest
+) -> web.StreamResponse:
+    """A document over the context, read in parts inside one admission slot."""
+    arrived_s = request.get(ARRIVED_S, time.monotonic())
+    rid = body.get("request_id") or uuid.uuid4().hex
+    limits = limits_of(svc)
+    parsed = common(dict(body, priority=ext.lane.label), "chat", None, limits)
+    outcome = Outcome(prompt_tokens=0)
+    status = "error"
+    try:
+        _, slot = _admitted(svc, ext, arrived_s)
+        async with slot:
+            outcome.admitted_s = time.monotonic()
+            svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
+                outcome.admitted_s - arrived_s
+            )
+            parsed = _with_deadline(parsed, ext)
+            source = run_chunked(
+                svc, request.app[LONG_CONTEXT], parsed, long, rid, outcome, arrived_s, limits
+            )
+            resp = await chunked.reply(request, svc, parsed, rid, outcome, source)
+            outcome.prompt_tokens = len(parsed.prompt_token_ids) + outcome.extra_prompt_tokens
+            status = _status_of_outcome(outcome)
+            return resp
+    except asyncio.CancelledError:
+        status = "cancelled"
+        raise
+    except ApplianceError as exc:
+        status = _status_of(exc)
+        raise
+    finally:
+        _record(svc, ext.lane, "chat", outcome, arrived_s, status)
+
+
+def _with_deadline(parsed: Any, ext: Extensions) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(parsed, deadline_ms=ext.deadline_ms)
+
+
+def _status_of_outcome(outcome: Outcome) -> str:
+    if outcome.error is not None or outcome.finish_reason == "error":
+        return "error"
+    return "deadline" if outcome.finish_reason == DEADLINE_FINISH_REASON else "ok"
+
+
+def _status_of(exc: ApplianceError) -> str:
+    return {429: "rejected", 503: "not_ready", 408: "deadline_queued"}.get(exc.status, "error")
 
 
 def _record(
-    svc: Services, parsed: ParsedRequest, outcome: Outcome, arrived_s: float, status: str
+    svc: Services, lane: Lane, kind: str, outcome: Outcome, arrived_s: float, status: str
 ) -> None:
     m = svc.metrics
     m.requests_total.labels(status).inc()
@@ -162,14 +380,14 @@ def _record(
         m.finished += 1
     if status in ("deadline", "deadline_queued"):
         stage = "queued" if status == "deadline_queued" else "generating"
-        m.deadline_expired_total.labels(parsed.lane.label, stage).inc()
-    m.prompt_tokens_total.inc(len(parsed.prompt_token_ids))
-    m.generated_tokens_total.inc(outcome.completion_tokens)
-    m.generated_tokens += outcome.completion_tokens
+        m.deadline_expired_total.labels(lane.label, stage).inc()
+    m.prompt_tokens_total.inc(outcome.prompt_tokens)
+    completion = outcome.completion_tokens + outcome.extra_completion_tokens
+    m.generated_tokens_total.inc(completion)
+    m.generated_tokens += completion
     tpot: float | None = None
     if outcome.first_token_s is not None:
-        ttft = outcome.first_token_s - arrived_s
-        m.ttft_seconds.observe(ttft)
+        m.ttft_seconds.observe(outcome.first_token_s - arrived_s)
         if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
             tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
             m.tpot_seconds.observe(tpot)
@@ -187,10 +405,10 @@ def _record(
             "event": "request_done",
             "request_id": request_id_var.get(),
             "ev_status": status,
-            "ev_priority": parsed.lane.label,
-            "ev_kind": parsed.kind,
-            "ev_prompt_tokens": len(parsed.prompt_token_ids),
-            "ev_completion_tokens": outcome.completion_tokens,
+            "ev_priority": lane.label,
+            "ev_kind": kind,
+            "ev_prompt_tokens": outcome.prompt_tokens,
+            "ev_completion_tokens": completion,
             "ev_finish_reason": outcome.finish_reason,
             "ev_queue_wait_s": _round(outcome.admitted_s, arrived_s),
             "ev_ttft_s": _round(outcome.first_token_s, arrived_s),
@@ -203,195 +421,3 @@ def _record(
 def _round(at_s: float | None, since_s: float) -> float | None:
     return None if at_s is None else round(at_s - since_s, 6)
 
-
-async def _serve(
-    request: web.Request, svc: Services, parsed: ParsedRequest, long: LongRequest | None = None
-) -> web.StreamResponse:
-    """Admission, generation, and the response: JSON or an SSE stream."""
-    arrived_s = request.get(ARRIVED_S, time.monotonic())
-    request_id = request_id_var.get() or uuid.uuid4().hex
-    svc.metrics.arrivals += 1
-    if parsed.deadline_ms is None:
-        lane_default = svc.config.admission.lane_deadline_ms.for_lane(parsed.lane.label)
-        if lane_default is not None:
-            parsed = dataclasses.replace(parsed, deadline_ms=lane_default)
-    svc.supervisor.check_admitting()
-    deadline_abs = arrived_s + parsed.deadline_ms / 1000 if parsed.deadline_ms else None
-    outcome = Outcome()
-    status = "error"
-    try:
-        async with svc.admission.slot(parsed.lane, deadline_abs):
-            outcome.admitted_s = time.monotonic()
-            svc.metrics.queue_wait_seconds.labels(parsed.lane.label).observe(
-                outcome.admitted_s - arrived_s
-            )
-            source: AsyncIterator[GenerationDelta | Progress] = (
-                generate(svc, parsed, request_id, outcome, arrived_s)
-                if long is None
-                else run_chunked(
-                    svc,
-                    request.app[LONG_CONTEXT],
-                    parsed,
-                    long,
-                    request_id,
-                    outcome,
-                    arrived_s,
-                    limits_of(svc),
-                )
-            )
-            if parsed.stream:
-                resp = await _stream(request, svc, parsed, request_id, outcome, source)
-            else:
-                async for _ in source:
-                    pass
-                resp = web.json_response(_final_body(svc, parsed, request_id, outcome))
-            status = {"deadline": "deadline", "error": "error"}.get(
-                outcome.finish_reason or "", "ok"
-            )
-            return resp
-    except asyncio.CancelledError:
-        status = "cancelled"  # the client went away; vLLM's request was aborted on the way out
-        raise
-    except ApplianceError as exc:
-        status = _status_of(exc)
-        raise
-    finally:
-        _record(svc, parsed, outcome, arrived_s, status)
-
-
-def _status_of(exc: ApplianceError) -> str:
-    return {429: "rejected", 503: "not_ready", 408: "deadline_queued"}.get(exc.status, "error")
-
-
-def _ids(parsed: ParsedRequest, request_id: str) -> tuple[str, str]:
-    if parsed.kind == "chat":
-        return f"chatcmpl-{request_id}", "chat.completion"
-    return f"cmpl-{request_id}", "text_completion"
-
-
-def _usage(parsed: ParsedRequest, outcome: Outcome) -> dict[str, int]:
-    # A chunked document counts every pass: what the engine read and wrote for it.
-    prompt = len(parsed.prompt_token_ids) + outcome.extra_prompt_tokens
-    completion = outcome.completion_tokens + outcome.extra_completion_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def _final_body(
-    svc: Services, parsed: ParsedRequest, request_id: str, outcome: Outcome
-) -> dict[str, Any]:
-    oid, obj = _ids(parsed, request_id)
-    text = "".join(outcome.text)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "logprobs": None,
-        "finish_reason": outcome.finish_reason or "stop",
-    }
-    if parsed.kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {
-        "id": oid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": svc.model_name,
-        "choices": [choice],
-        "usage": _usage(parsed, outcome),
-        **({"long_context": outcome.long_context} if outcome.long_context else {}),
-    }
-
-
-def _chunk(
-    svc: Services,
-    parsed: ParsedRequest,
-    request_id: str,
-    created: int,
-    text: str | None,
-    finish_reason: str | None,
-    first: bool = False,
-) -> dict[str, Any]:
-    oid, _ = _ids(parsed, request_id)
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-    if parsed.kind == "chat":
-        delta: dict[str, Any] = {}
-        if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice["delta"] = delta
-        obj = "chat.completion.chunk"
-    else:
-        choice["text"] = text or ""
-        obj = "text_completion"
-    out = {
-        "id": oid,
-        "object": obj,
-        "created": created,
-        "model": svc.model_name,
-        "choices": [choice],
-    }
-    if parsed.include_usage:
-        out["usage"] = None
-    return out
-
-
-async def _stream(
-    request: web.Request,
-    svc: Services,
-    parsed: ParsedRequest,
-    request_id: str,
-    outcome: Outcome,
-    source: AsyncIterator[GenerationDelta | Progress],
-) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Request-Id": request_id,
-        }
-    )
-    await resp.prepare(request)
-    created = int(time.time())
-
-    async def send(obj: dict[str, Any]) -> None:
-        await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
-
-    if parsed.kind == "chat":
-        await send(_chunk(svc, parsed, request_id, created, "", None, first=True))
-    try:
-        async for item in source:
-            if isinstance(item, Progress):
-                # An empty delta carrying the pass that starts: OpenAI clients skip it.
-                progress = _chunk(svc, parsed, request_id, created, None, None)
-                progress["long_context"] = item.to_dict()
-                await send(progress)
-            elif item.text:
-                await send(_chunk(svc, parsed, request_id, created, item.text, None))
-    except EngineDead as exc:
-        # Headers are gone already: the failure travels as an error event in the stream.
-        await send(error_body(exc))
-        await resp.write(b"data: [DONE]\n\n")
-        outcome.finish_reason = "error"
-        return resp
-    final = _chunk(svc, parsed, request_id, created, None, outcome.finish_reason or "stop")
-    if parsed.kind == "completion":
-        final["choices"][0]["text"] = ""
-    await send(final)
-    if parsed.include_usage:
-        await send(
-            {
-                "id": final["id"],
-                "object": final["object"],
-                "created": created,
-                "model": svc.model_name,
-                "choices": [],
-                "usage": _usage(parsed, outcome),
-            }
-        )
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp

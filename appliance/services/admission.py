@@ -76,10 +76,22 @@ class AdmissionQueue:
     slot; in PROTECT only realtime is dispatched.
     """
 
-    def __init__(self, cfg: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cfg: AdmissionConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        limit: int | None = None,
+    ) -> None:
+        """limit: the starting base limit (Config.concurrency_limit()); default: the config's."""
+        base = limit if limit is not None else cfg.concurrency_limit
+        if base is None:
+            raise ValueError(
+                "admission.concurrency_limit is null: pass limit=Config.concurrency_limit()"
+            )
         self._cfg = cfg
         self._clock = clock
-        self._base_limit = cfg.concurrency_limit
+        self._base_limit = base
         self._derate = 1.0
         self._protect = False
         self._running = dict.fromkeys(Lane, 0)

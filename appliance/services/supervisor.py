@@ -11,7 +11,7 @@ from enum import StrEnum
 from appliance.config import EngineConfig
 from appliance.domain.engine_types import EngineInfo
 from appliance.errors import EngineDead, EngineStartError, NotReady
-from appliance.ports import Engine, EngineFactory
+from appliance.ports import Engine, EngineFactory, OpenAIFrontend
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
 
@@ -68,6 +68,16 @@ class EngineSupervisor:
             raise EngineDead("no engine is running")
         return self._engine
 
+    def frontend(self) -> OpenAIFrontend:
+        """The running engine's OpenAI serving layer; 503 while there is none."""
+        if self._engine is None:
+            raise NotReady(
+                f"the engine is {self._state.value}; retry later",
+                reason=self._state.value,
+                retry_after_s=self._retry_after_s,
+            )
+        return self._engine.frontend
+
     def _set_state(self, state: EngineState, reason: str) -> None:
         if state is self._state:
             return
@@ -82,6 +92,10 @@ class EngineSupervisor:
                 reason=self._state.value,
                 retry_after_s=self._retry_after_s,
             )
+
+    def engine_alive(self) -> bool:
+        """An engine is up and answers (what vLLM's own GET /health reports)."""
+        return self._engine is not None and not self._engine.is_dead
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason) for /health/ready."""

@@ -147,7 +147,9 @@ async def test_status_shows_a_chunked_request_in_progress(h: LongHarness):
 @pytest.mark.parametrize(
     ("change", "status", "param", "words"),
     [
-        ({"long_context": None}, 400, "messages", "the context limit is 512 tokens"),
+        # Not chunked: vLLM's own answer to a prompt over the context.
+        ({"long_context": None}, 400, "input_tokens", "maximum context length is 512 tokens"),
+        ({"long_context": "chunk", "tools": []}, 400, "tools", "not served for a document"),
         ({"long_context": "yes"}, 400, "long_context", "must be one of ['chunk', 'error']"),
         ({"long_context_strategy": "x"}, 400, "long_context_strategy", "must be one of"),
     ],

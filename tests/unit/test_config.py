@@ -98,3 +98,229 @@ def test_python_dash_m_runs_the_cli():
         [sys.executable, "-m", "appliance", "--help"], capture_output=True, text=True, check=True
     )
     assert "serve" in out.stdout and "config" in out.stdout
+
+
+# -- cross-field rules: one bad file per rule, the ConfigError names both keys -------------------
+
+CROSS_FIELD_CASES = [
+    pytest.param(
+        "engine:\n  max_num_seqs: 8\nadmission:\n  concurrency_limit: 9\n",
+        "admission.concurrency_limit",
+        "engine.max_num_seqs",
+        id="concurrency_limit-above-max_num_seqs",
+    ),
+    pytest.param(
+        "controller:\n  min_limit: 8\n  max_limit: 4\n",
+        "controller.min_limit",
+        "controller.max_limit",
+        id="min_limit-above-max_limit",
+    ),
+    pytest.param(
+        "engine:\n  max_num_seqs: 4\ncontroller:\n  min_limit: 8\n",
+        "controller.min_limit",
+        "engine.max_num_seqs",
+        id="min_limit-above-max_num_seqs-when-max_limit-null",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "other_key"), CROSS_FIELD_CASES)
+def test_cross_field_rules_name_both_keys(tmp_path: Path, text: str, key: str, other_key: str):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert [k for k, _ in err.value.problems] == [key]
+    assert other_key in err.value.problems[0][1]
+    assert key in str(err.value) and other_key in str(err.value)
+
+
+def test_cross_field_rules_report_together():
+    from appliance.config import parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "engine": {"max_num_seqs": 4},
+                "admission": {"concurrency_limit": 5},
+                "controller": {"min_limit": 3, "max_limit": 2},
+            }
+        )
+    assert {k for k, _ in err.value.problems} == {
+        "admission.concurrency_limit",
+        "controller.min_limit",
+    }
+
+
+def test_concurrency_limit_defaults_to_max_num_seqs():
+    from appliance.config import parse_config
+
+    assert Config().admission.concurrency_limit is None
+    assert Config().concurrency_limit() == Config().engine.max_num_seqs
+    cfg = parse_config({"engine": {"max_num_seqs": 12}})
+    assert cfg.concurrency_limit() == 12
+    cfg = parse_config({"engine": {"max_num_seqs": 12}, "admission": {"concurrency_limit": 12}})
+    assert cfg.concurrency_limit() == 12
+    cfg = parse_config({"engine": {"max_num_seqs": 12}, "admission": {"concurrency_limit": 3}})
+    assert cfg.concurrency_limit() == 3
+
+
+def test_admission_queue_starts_at_the_resolved_limit():
+    from appliance.config import parse_config
+    from appliance.services.admission import AdmissionQueue
+
+    cfg = parse_config({"engine": {"max_num_seqs": 12}})
+    assert AdmissionQueue(cfg.admission, limit=cfg.concurrency_limit()).base_limit == 12
+    with pytest.raises(ValueError, match="concurrency_limit"):
+        AdmissionQueue(cfg.admission)
+
+
+def test_compiled_path_is_the_default():
+    assert Config().engine.enforce_eager is False
+    assert Config().engine.vllm == {}
+
+
+# -- engine.vllm: vLLM's own parser checks the mapping (no engine, no model) ---------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_args():
+    pytest.importorskip("vllm")
+    from appliance.adapters import vllm_args
+
+    return vllm_args
+
+
+def test_a_good_vllm_mapping_passes(vllm_args):
+    mapping = {
+        "block_size": 16,
+        "enable-prefix-caching": False,
+        "enable_auto_tool_choice": True,
+        "tool_call_parser": "hermes",
+        "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
+        "compilation_config": {"mode": 3},
+        "enable_lora": True,
+        "lora_modules": [{"name": "a", "path": "/adapters/a"}],
+        "kv_offloading_size": 4,
+    }
+    assert vllm_args.check_vllm_mapping(mapping) == []
+    assert vllm_args.check_vllm_mapping({}) == []
+
+
+VLLM_MAPPING_CASES = [
+    pytest.param({"blok_size": 16}, "blok_size", "unknown vLLM engine argument", id="unknown"),
+    pytest.param({"block_size": "abc"}, "block_size", "invalid int value", id="ill-typed"),
+    pytest.param({"dtype_x": 1}, "dtype_x", "unknown vLLM engine argument", id="unknown-2"),
+    pytest.param(
+        {"max_num_seqs": 4}, "max_num_seqs", "engine.max_num_seqs", id="owned-max_num_seqs"
+    ),
+    pytest.param(
+        {"max-model-len": 4096}, "max-model-len", "engine.max_model_len", id="owned-dashed"
+    ),
+    pytest.param(
+        {"kv_cache_memory_bytes": 2**30},
+        "kv_cache_memory_bytes",
+        "engine.kv_cache_space_gib",
+        id="owned-kv-bytes",
+    ),
+    pytest.param(
+        {"enable_auto_tool_choice": True},
+        "enable_auto_tool_choice",
+        "--tool-call-parser",
+        id="auto-tool-choice-needs-a-parser",
+    ),
+    pytest.param(
+        {"tool_call_parser": "no_such_parser"}, "tool_call_parser", "hermes", id="bad-parser"
+    ),
+    pytest.param(
+        {"compilation_config": {"no_such_field": 1}},
+        "compilation_config",
+        "no_such_field",
+        id="bad-nested-json",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mapping", "key", "words"), VLLM_MAPPING_CASES)
+def test_a_bad_vllm_mapping_names_the_key(vllm_args, mapping, key, words):
+    problems = vllm_args.check_vllm_mapping(mapping)
+    assert [k for k, _ in problems] == [key]
+    assert words in problems[0][1]
+    assert "\n" not in problems[0][1]
+
+
+def test_config_check_names_every_bad_vllm_key(
+    vllm_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "engine:\n  vllm:\n    block_size: abc\n    blok_size: 16\n    max_num_seqs: 4\n"
+        "    enable_prefix_caching: true\n"
+    )
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "engine.vllm.block_size: argument --block-size: invalid int value" in err
+    assert "engine.vllm.blok_size: unknown vLLM engine argument" in err
+    assert "engine.vllm.max_num_seqs: set by the appliance: use engine.max_num_seqs" in err
+    assert "enable_prefix_caching" not in err
+    good = tmp_path / "good.yaml"
+    good.write_text("engine:\n  vllm:\n    enable_prefix_caching: false\n    block_size: 16\n")
+    assert main(["config", "check", str(good)]) == 0
+
+
+def test_serve_with_a_bad_vllm_mapping_exits_2(
+    vllm_args, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setattr("appliance.logs.setup_logging", lambda *a, **k: None)
+
+    def no_daemon(cfg):  # the check must refuse before anything starts
+        raise AssertionError("the daemon started")
+
+    monkeypatch.setattr("appliance.serve.run_daemon", no_daemon)
+    path = tmp_path / "config.yaml"
+    path.write_text(f"state_dir: {tmp_path}\nengine:\n  vllm:\n    block_sise: 16\n")
+    assert main(["serve", "--config", str(path)]) == 2
+    assert "engine.vllm.block_sise: unknown vLLM engine argument" in capsys.readouterr().err
+
+
+def test_build_namespace_puts_the_mapping_into_the_engine_args(vllm_args, tmp_path: Path):
+    from appliance.config import parse_config
+
+    cfg = parse_config(
+        {
+            "engine": {
+                "max_num_seqs": 12,
+                "max_model_len": 1024,
+                "served_model_name": "m1",
+                "vllm": {
+                    "enable_prefix_caching": False,
+                    "block-size": 16,
+                    "tool_call_parser": "hermes",
+                    "enable_auto_tool_choice": True,
+                },
+            }
+        }
+    )
+    ns = vllm_args.build_namespace(
+        cfg, tmp_path / "model", gpu_memory_utilization=None, kv_cache_memory_bytes=2**30
+    )
+    args = vllm_args.engine_args_from(ns)
+    assert (args.block_size, args.enable_prefix_caching) == (16, False)
+    assert args.model == str(tmp_path / "model") and ns.model_tag == args.model
+    assert list(args.served_model_name) == ["m1"]
+    assert (args.max_num_seqs, args.max_model_len) == (12, 1024)
+    assert args.kv_cache_memory_bytes == 2**30
+    assert args.enforce_eager is False and args.disable_log_stats is True
+    # Frontend arguments are there too, for vLLM's serving layer.
+    assert ns.tool_call_parser == "hermes" and ns.enable_auto_tool_choice is True
+    assert ns.chat_template is None and hasattr(ns, "response_role")
+
+
+def test_build_namespace_refuses_an_owned_key(vllm_args, tmp_path: Path):
+    from appliance.config import parse_config
+
+    cfg = parse_config({"engine": {"vllm": {"seed": 3}}})
+    with pytest.raises(vllm_args.VllmArgsError, match=r"engine\.vllm\.seed: .*engine\.seed"):
+        vllm_args.build_namespace(
+            cfg, tmp_path, gpu_memory_utilization=0.5, kv_cache_memory_bytes=None
+        )
