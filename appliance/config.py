@@ -41,7 +41,9 @@ class EngineConfig(_Section):
     max_num_seqs: int = Field(64, ge=1, le=4096)
     max_num_batched_tokens: int | None = Field(None, ge=64)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    # auto: fp8 on GPUs with compute capability >= 8.9, else the model's dtype
+    # (domain/engine_defaults.py); an explicit value is given to vLLM as it is.
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     kv_cache_space_gib: float = Field(1.0, gt=0, le=1024)
     # Share of each device (GPU memory; host RAM on the CPU engine) the memory plan may use,
     # the safety margin max(2 GiB, 5 %) included.

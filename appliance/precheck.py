@@ -15,6 +15,7 @@ from typing import Literal
 
 from appliance.adapters.nvml_inventory import GpuFacts, Inventory, read_inventory
 from appliance.config import Config, resolve_model_dir
+from appliance.domain.engine_defaults import EngineDefaults, engine_defaults
 from appliance.domain.estimator import (
     GIB,
     MIB,
@@ -496,6 +497,35 @@ def usable_fraction(cfg: Config) -> float:
     return cfg.engine.usable_memory_fraction
 
 
+def _min_cc(inv: Inventory) -> float | None:
+    cc = min((g.compute_capability for g in _gpus(inv) if g.compute_capability), default=None)
+    return cc[0] + cc[1] / 10 if cc else None
+
+
+def _configured_block_size(cfg: Config) -> int | None:
+    value = cfg.engine.vllm.get("block_size", cfg.engine.vllm.get("block-size"))
+    return int(value) if isinstance(value, int) else None
+
+
+def defaults_for_config(cfg: Config, spec: ModelSpec, inv: Inventory) -> EngineDefaults:
+    """The block size and KV dtype the engine will start with here (as the adapter picks)."""
+    return engine_defaults(
+        device="cuda" if _gpus(inv) else "cpu",
+        compute_capability=_min_cc(inv),
+        max_model_len=cfg.engine.max_model_len,
+        is_mla=spec.is_mla,
+        configured_kv_cache_dtype=cfg.engine.kv_cache_dtype,
+        configured_block_size=_configured_block_size(cfg),
+    )
+
+
+def check_engine_defaults(cfg: Config, spec: ModelSpec, inv: Inventory) -> CheckResult:
+    """What the appliance sets for vLLM on this machine (block size, KV dtype) and why."""
+    return CheckResult(
+        "engine_defaults", "info", "; ".join(defaults_for_config(cfg, spec, inv).reasons)
+    )
+
+
 def plan_for_config(
     cfg: Config,
     *,
@@ -525,16 +555,18 @@ def plan_for_config(
     gpus = [g for g in _gpus(inv) if g.memory_total_bytes]
     if gpus:
         smallest = min(gpus, key=lambda g: g.memory_total_bytes or 0)
-        cc = min((g.compute_capability for g in gpus if g.compute_capability), default=None)
+        chosen = defaults_for_config(cfg, spec, inv)
+        common["kv_dtype"] = chosen.kv_cache_dtype
         return estimate(
             spec,
             device_memory_bytes=int(smallest.memory_total_bytes or 0),
             device="cuda",
             device_name=smallest.name or "",
-            compute_capability=cc[0] + cc[1] / 10 if cc else None,
+            compute_capability=_min_cc(inv),
             usable_fraction=usable_fraction(cfg),
             gpu_memory_utilization=e.gpu_memory_utilization,
             tensor_parallel_size=e.tensor_parallel_size,
+            block_size=chosen.block_size or _configured_block_size(cfg),
             **common,
         )
     return estimate(
@@ -602,6 +634,7 @@ def run_prechecks(
     if spec is None:
         results.append(CheckResult("memory_plan", "info", "skipped: the model did not load"))
     else:
+        results.append(check_engine_defaults(cfg, spec, inv))
         try:
             plan = plan_for_config(
                 cfg, spec=spec, inventory=inv, host_memory=probes.host_memory_bytes()

@@ -281,18 +281,28 @@ def summarize(results: dict[str, list[dict[str, Any]]], levels: list[int]) -> di
     return summary
 
 
-def fmt_spread(sp: dict[str, Any] | None, digits: int) -> str:
+def fmt_spread(sp: dict[str, Any] | None, digits: int, rounds: int = 0) -> str:
+    """median (min-max); [n=K] where fewer than `rounds` rounds gave a value."""
     if not sp:
         return "n/a"
-    if sp["n"] == 1:
-        return f"{sp['median']:.{digits}f}"
-    return f"{sp['median']:.{digits}f} ({sp['min']:.{digits}f}-{sp['max']:.{digits}f})"
+    text = f"{sp['median']:.{digits}f}"
+    if sp["n"] > 1:
+        text += f" ({sp['min']:.{digits}f}-{sp['max']:.{digits}f})"
+    if sp["n"] < rounds:
+        text += f" [n={sp['n']}]"
+    return text
 
 
 def render(summary: dict[str, Any], plan: dict[str, Any], meta: dict[str, Any]) -> str:
     """The markdown section."""
     kv = meta["kv_cache_gib"]
-    eng = meta["appliance_engine"]
+    eng = {
+        k: str(v).lower() if isinstance(v, bool) else v for k, v in meta["appliance_engine"].items()
+    }
+    limit = meta["appliance_admission_limit"]
+    limit = "null (= max_num_seqs)" if limit is None else limit
+    n = meta["rounds"]
+    kv_via = "VLLM_CPU_KVCACHE_SPACE" if float(kv).is_integer() else "--kv-cache-memory-bytes"
     lines = [
         "## Appliance (shipped config) vs vLLM's OpenAI server (vLLM defaults)",
         "",
@@ -307,11 +317,11 @@ def render(summary: dict[str, Any], plan: dict[str, Any], meta: dict[str, Any]) 
         f"engine.model changed. That is enforce_eager {eng['enforce_eager']}, max_num_seqs "
         f"{eng['max_num_seqs']}, max_model_len {eng['max_model_len']}, dtype {eng['dtype']}, "
         f"scheduling_policy {eng['scheduling_policy']}, admission.concurrency_limit "
-        f"{meta['appliance_admission_limit']}, controller.mode {meta['appliance_controller']}.",
+        f"{limit}, controller.mode {meta['appliance_controller']}.",
         f"- vLLM: `{meta['vllm_command']}`, everything else vLLM's default "
         "(the compiled path, its own max_num_seqs and max_model_len).",
         f"- Both: the same KV-cache budget, {kv:g} GiB (the shipped "
-        "engine.kv_cache_space_gib; vLLM's server gets it through VLLM_CPU_KVCACHE_SPACE), "
+        f"engine.kv_cache_space_gib; vLLM's server gets it through {kv_via}), "
         "the only setting given to vLLM beyond model, name and address.",
         "",
         "Ratios are appliance / vLLM within the same round; shown: the median over rounds "
@@ -331,15 +341,17 @@ def render(summary: dict[str, Any], plan: dict[str, Any], meta: dict[str, Any]) 
                 failed += f" ({row['appliance_errors']}/{row['vllm_errors']} runs errored)"
             lines.append(
                 f"| `{path}` | {c} | {prompts_for(c, plan['quick'])} | "
-                f"{fmt_spread(row['appliance_tok_s'], 1)} | {fmt_spread(row['vllm_tok_s'], 1)} | "
-                f"{fmt_spread(row['tok_s_ratio'], 2)} | "
-                f"{fmt_spread(row['appliance_p99_ttft_ms'], 0)} | "
-                f"{fmt_spread(row['vllm_p99_ttft_ms'], 0)} | "
-                f"{fmt_spread(row['p99_ttft_ms_ratio'], 2)} | {failed} |"
+                f"{fmt_spread(row['appliance_tok_s'], 1, n)} | "
+                f"{fmt_spread(row['vllm_tok_s'], 1, n)} | "
+                f"{fmt_spread(row['tok_s_ratio'], 2, n)} | "
+                f"{fmt_spread(row['appliance_p99_ttft_ms'], 0, n)} | "
+                f"{fmt_spread(row['vllm_p99_ttft_ms'], 0, n)} | "
+                f"{fmt_spread(row['p99_ttft_ms_ratio'], 2, n)} | {failed} |"
             )
     lines += [
         "",
-        "Absolute tok/s and TTFT columns: median (min-max) over rounds.",
+        "Absolute tok/s and TTFT columns: median (min-max) over rounds; [n=K]: only K rounds "
+        "gave a number (a server that did not start, or a run that errored).",
         "",
         "| server | start to ready, s: median (min-max) | starts |",
         "|---|---|---|",

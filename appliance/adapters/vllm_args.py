@@ -268,9 +268,11 @@ def build_namespace(
     *,
     gpu_memory_utilization: float | None,
     kv_cache_memory_bytes: int | None,
+    defaults: dict[str, Any] | None = None,
 ) -> argparse.Namespace:
     """vLLM's complete serve Namespace (engine and frontend arguments): the model dir,
-    served_model_name and the engine.* keys, then cfg.engine.vllm on top.
+    served_model_name and the engine.* keys, the appliance's defaults for this device
+    (domain/engine_defaults.py), then cfg.engine.vllm on top.
 
     Raises VllmArgsError naming the engine.vllm key vLLM refuses."""
     mapping = dict(cfg.engine.vllm)
@@ -284,6 +286,7 @@ def build_namespace(
         gpu_memory_utilization=gpu_memory_utilization,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
     )
+    args |= defaults or {}
     # The mapping's own spelling (dashes or underscores) must replace the same argument.
     args = {_dashed(k): v for k, v in args.items()} | {_dashed(k): v for k, v in mapping.items()}
     try:

@@ -114,6 +114,32 @@ class VllmEngine:
             raise EngineDead("the engine has not started")
         return self._frontend
 
+    def _device_defaults(self) -> dict[str, Any]:
+        """The appliance's block size and KV dtype for this GPU (none on the CPU engine)."""
+        if self._device == "cpu":
+            return {}
+        import torch
+
+        from appliance.domain.engine_defaults import engine_defaults
+        from appliance.model_info import load_model_spec
+
+        major, minor = torch.cuda.get_device_capability(0)
+        block = self._cfg.engine.vllm.get("block_size", self._cfg.engine.vllm.get("block-size"))
+        chosen = engine_defaults(
+            device="cuda",
+            compute_capability=major + minor / 10,
+            max_model_len=self._cfg.engine.max_model_len,
+            is_mla=load_model_spec(self._model_dir).is_mla,
+            configured_kv_cache_dtype=self._cfg.engine.kv_cache_dtype,
+            configured_block_size=block,
+        )
+        for reason in chosen.reasons:
+            log.info("engine default", extra={"reason": reason})
+        out: dict[str, Any] = {"kv_cache_dtype": chosen.kv_cache_dtype}
+        if chosen.block_size is not None:
+            out["block_size"] = chosen.block_size
+        return out
+
     def _gpu_share(self) -> float:
         """engine.gpu_memory_utilization, or the share the memory cap leaves on the smallest
         GPU the engine uses (the same arithmetic as the start check)."""
@@ -154,6 +180,7 @@ class VllmEngine:
             self._model_dir,
             gpu_memory_utilization=self._gpu_share(),
             kv_cache_memory_bytes=kv_bytes,
+            defaults=self._device_defaults(),
         )
         return AsyncLLM.from_engine_args(
             engine_args_from(self._namespace),

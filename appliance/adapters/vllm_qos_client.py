@@ -63,9 +63,11 @@ class QosEngineClient:
         inner = self._inner.generate(prompt, sampling_params, request_id, *args, **kwargs)
         assembled: Any = None
         done: set[int] = set()
+        seen = False
         try:
             async for delta in _until_deadline(inner, scope):
-                _account(scope, delta)
+                _account(scope, delta, first=not seen)
+                seen = True
                 done.update(c.index for c in delta.outputs if c.finish_reason is not None)
                 if wanted == RequestOutputKind.DELTA:
                     yield delta
@@ -116,10 +118,10 @@ async def _until_deadline(inner: AsyncGenerator[Any, None], scope: RequestScope)
         yield out
 
 
-def _account(scope: RequestScope, delta: Any) -> None:
+def _account(scope: RequestScope, delta: Any, *, first: bool) -> None:
     outcome = scope.outcome
-    if outcome.first_token_s is None and not outcome.prompt_tokens:
-        outcome.prompt_tokens = len(delta.prompt_token_ids or ())
+    if first:  # once per engine request: batched prompts add up
+        outcome.prompt_tokens += len(delta.prompt_token_ids or ())
     outcome.tokens_out(sum(len(c.token_ids) for c in delta.outputs), time.monotonic())
     for c in delta.outputs:
         if c.finish_reason is not None:

@@ -255,15 +255,20 @@ async def _stream(
         }
     )
     await resp.prepare(request)
-    async for frame in reply.frames:
-        if outcome.error is not None and frame.startswith("data: {\"error\""):
-            # vLLM reports every failure as a 400-typed error event; say what it was.
-            err = outcome.error
-            frame = f"data: {json.dumps(error_body(err))}\n\n" if isinstance(
-                err, ApplianceError
-            ) else frame
-            outcome.finish_reason = "error"
-        await resp.write(frame.encode())
+    try:
+        async for frame in reply.frames:
+            if outcome.error is not None and frame.startswith('data: {"error"'):
+                # vLLM types every failure in a stream as a 400; say what it was.
+                if isinstance(outcome.error, ApplianceError):
+                    frame = f"data: {json.dumps(error_body(outcome.error))}\n\n"
+                outcome.finish_reason = "error"
+            await resp.write(frame.encode())
+    finally:
+        # A client gone mid-write leaves vLLM's generator suspended: closing it aborts the
+        # engine request now, not at garbage collection.
+        close = getattr(reply.frames, "aclose", None)
+        if close is not None:
+            await close()
     await resp.write_eof()
     return resp
 

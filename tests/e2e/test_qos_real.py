@@ -104,6 +104,38 @@ async def test_deadline_returns_the_answer_so_far_and_frees_the_engine(daemon: D
     await _wait_for(lambda: daemon.status()["engine"]["unfinished"] == 0, timeout_s=5)
 
 
+async def test_json_schema_with_a_deadline_returns_the_json_so_far(daemon: Daemon):
+    """The deadline cuts a structured-output answer too: vLLM's serving layer turns the
+    partial output into the usual response, finish_reason "deadline"."""
+    await _set_limit(daemon, 8)
+    schema = {
+        "type": "object",
+        "properties": {"poem": {"type": "string"}},
+        "required": ["poem"],
+    }
+    # ignore_eos + min_tokens: the answer cannot end on its own before the deadline, on any
+    # hardware (1500 tokens take seconds even on a GPU).
+    body = _chat(
+        daemon,
+        "Write a long poem about the sea, as JSON.",
+        max_tokens=1500,
+        min_tokens=1500,
+        ignore_eos=True,
+        deadline_ms=800,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    )
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(daemon.url + "/v1/chat/completions", json=body) as r,
+    ):
+        out = await r.json()
+    choice = out["choices"][0]
+    assert r.status == 200 and choice["finish_reason"] == "deadline", out
+    assert choice["message"]["content"].lstrip().startswith("{")  # JSON, cut where it was
+    assert 0 < out["usage"]["completion_tokens"] < 1500
+    await _wait_for(lambda: daemon.status()["engine"]["unfinished"] == 0, timeout_s=5)
+
+
 async def test_queued_request_past_its_deadline_never_reaches_the_engine(daemon: Daemon):
     # One request runs; admission is held (operator pause) so nothing else can start and
     # no new prompt reaches the engine; the queued request's deadline passes.

@@ -1,0 +1,869 @@
+"""Engine start and graceful-restart times of the appliance with its shipped config.yaml.
+
+What runs: `appliance serve` with the repo's config.yaml as shipped (the compiled path,
+engine.enforce_eager false). Only state_dir (a fresh folder per variant), server.host/port and
+engine.model (the converted default model, state/models/SmolLM2-135M-Instruct) are changed.
+With --compare-eager the same phases run again with engine.enforce_eager true, for context.
+
+Phases, per variant:
+1. cold start: vLLM's compile cache (VLLM_CACHE_ROOT/torch_compile_cache, by default
+   ~/.cache/vllm/torch_compile_cache) is removed first (compiled variant only; --keep-cache
+   keeps it), then the daemon starts; timed from launch to GET /health/ready 200. The OS page
+   cache is not dropped (that needs root), so the model files may be warm anyway.
+2. warm-cache start: SIGTERM, then the same state_dir starts again; launch to ready. The
+   compile cache directory (exists, size) is recorded after each start, and the daemon log's
+   compile lines (AOT cache loaded, or "Compiling model again due to a load failure" and why).
+   --quick skips this phase.
+3. the weekly restart under load: with the daemon ready, --clients threads each send
+   /v1/chat/completions (max_tokens --max-tokens) in a loop; after --lead-s the graceful
+   restart is asked for with POST /admin/engine/restart (admin token from state_dir/admin.token),
+   GET /admin/status is polled until the engine is "ready" on a new engine (started_at_s
+   changed), and the load goes on --after-s more. Every request is counted: ok (200 with a
+   choice) or failed (any other status, or a client error), by status code; the restart's
+   duration (request to ready) and the longest request latency around it are reported. The
+   target is zero failed requests. Clients never retry, so nothing is hidden.
+
+Writes the raw numbers to docs/bench-start-times.json (rewritten after every phase, so a crash
+keeps what ran) and a table into the section "start_times" of docs/benchmarks.md. Exits 1
+when a phase errored or a request failed during the restart.
+
+    .venv/bin/python bench/start_times.py [--compare-eager] [--keep-cache]
+    .venv/bin/python bench/start_times.py --quick   # no warm start; JSON to state/, no docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import write_section  # noqa: E402
+from bench.servers import ServerProc, free_port, start_appliance  # noqa: E402
+
+SHIPPED_CONFIG = ROOT / "config.yaml"
+MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
+DOC = ROOT / "docs" / "benchmarks.md"
+JSON_OUT = ROOT / "docs" / "bench-start-times.json"
+QUICK_JSON_OUT = ROOT / "state" / "bench-start-times-quick.json"
+SECTION = "start_times"
+START_TIMEOUT_S = 900.0  # a compiled start took ~130 s on 2 cores; leave room for a slow one
+STOP_TIMEOUT_S = 180.0  # SIGTERM drains (engine.drain_timeout_s 60 shipped), then SIGKILL
+RESTART_TIMEOUT_S = 900.0  # POST /admin/engine/restart to ready again
+REQUEST_TIMEOUT_S = 600.0  # one chat request; queued ones wait out the restart
+STATUS_POLL_S = 0.5
+FAIL_PAUSE_S = 0.5  # a client pauses this long after a failure (no tight error loop)
+PROMPT = "Name three colours of the rainbow."
+# Daemon log lines worth keeping: what vLLM did with its compile cache and how long it took.
+LOG_NEEDLES = (
+    "Using cache directory",
+    "Directly load AOT compilation",
+    "Compiling model again due to a load failure",
+    "saved AOT compiled function",
+    "unable to save AOT compiled function",
+    "torch.compile took",
+    "Dynamo bytecode transform time",
+    "finalize_loading",
+    "engine started in",
+)
+
+
+# -- config, cache, logs -------------------------------------------------------------------
+
+
+def appliance_config(
+    state_dir: Path, port: int, model_dir: Path, enforce_eager: bool | None
+) -> dict[str, Any]:
+    """config.yaml as shipped with state_dir, server.host/port, engine.model set (and
+    engine.enforce_eager when not None: the eager comparison)."""
+    import yaml
+
+    data = yaml.safe_load(SHIPPED_CONFIG.read_text()) or {}
+    data["state_dir"] = str(state_dir)
+    data["server"] = {**(data.get("server") or {}), "host": "127.0.0.1", "port": port}
+    engine = {**(data.get("engine") or {}), "model": str(model_dir)}
+    if enforce_eager is not None:
+        engine["enforce_eager"] = enforce_eager
+    data["engine"] = engine
+    return data
+
+
+def compile_cache_dir() -> Path:
+    """Where vLLM keeps its torch.compile cache (VLLM_CACHE_ROOT/torch_compile_cache)."""
+    try:
+        from vllm import envs
+
+        root = Path(envs.VLLM_CACHE_ROOT)
+    except Exception:  # vLLM's own rule, should its envs module not import
+        default = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+        root = Path(os.path.expanduser(os.getenv("VLLM_CACHE_ROOT", os.path.join(default, "vllm"))))
+    return root / "torch_compile_cache"
+
+
+def dir_stats(path: Path) -> dict[str, Any]:
+    """Whether path exists, its size in bytes and how many files it holds."""
+    out: dict[str, Any] = {"path": str(path), "exists": path.exists(), "bytes": 0, "files": 0}
+    if not path.is_dir():
+        return out
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                out["bytes"] += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+            out["files"] += 1
+    out["mib"] = round(out["bytes"] / 2**20, 1)
+    return out
+
+
+def remove_cache(path: Path) -> dict[str, Any]:
+    """Remove the compile cache; what was there."""
+    before = dir_stats(path)
+    if path.exists():
+        shutil.rmtree(path)
+    print(
+        f"removed vLLM compile cache {path} ({before.get('mib', 0)} MiB, {before['files']} files)"
+        if before["exists"]
+        else f"vLLM compile cache {path} absent (nothing to remove)",
+        flush=True,
+    )
+    return {"removed": before["exists"], "before": before, "after": dir_stats(path)}
+
+
+def log_lines(path: Path, offset: int) -> list[str]:
+    """Lines of the daemon log from byte offset on that contain one of LOG_NEEDLES."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    hits = [line.strip()[:600] for line in text.splitlines() if any(n in line for n in LOG_NEEDLES)]
+    return hits[:40]
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def count_in_log(path: Path, needle: str) -> int:
+    try:
+        return path.read_text(errors="replace").count(needle)
+    except OSError:
+        return 0
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+def http_json(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    token: str | None = None,
+    timeout_s: float = 10.0,
+) -> tuple[int | None, Any, str | None]:
+    """(status, parsed body or None, client error or None); never raises."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw, status = resp.read(), resp.status
+    except urllib.error.HTTPError as exc:
+        try:
+            raw = exc.read()
+        except Exception:
+            raw = b""
+        status = exc.code
+    except Exception as exc:
+        return None, None, f"{type(exc).__name__}: {exc}"[:300]
+    try:
+        return status, json.loads(raw or b"null"), None
+    except ValueError:
+        return status, raw[:300].decode(errors="replace"), None
+
+
+def admin_token(state_dir: Path) -> str:
+    return (state_dir / "admin.token").read_text().strip()
+
+
+def last_event(status: Any, kind: str, after_seq: int = 0) -> dict[str, Any] | None:
+    """The newest event of kind (with seq > after_seq) in a /admin/status snapshot."""
+    if not isinstance(status, dict):
+        return None
+    found = [
+        e
+        for e in status.get("events") or []
+        if e.get("kind") == kind and int(e.get("seq") or 0) > after_seq
+    ]
+    return found[-1] if found else None
+
+
+def max_seq(status: Any) -> int:
+    if not isinstance(status, dict):
+        return 0
+    return max((int(e.get("seq") or 0) for e in status.get("events") or []), default=0)
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+
+def timed_start(cfg: dict[str, Any], state_dir: Path, start_timeout_s: float) -> dict[str, Any]:
+    """Start the daemon; seconds from launch to /health/ready 200, and what it reported."""
+    log = state_dir / "daemon.log"
+    offset = log_size(log)  # start_appliance rewrites the log; 0 either way
+    t0 = time.monotonic()
+    server = start_appliance(cfg, state_dir, timeout_s=start_timeout_s)
+    out: dict[str, Any] = {
+        "server": server,
+        "start_s": round(time.monotonic() - t0, 1),
+        "url": server.url,
+        "ready_history": server.ready_history,
+    }
+    try:
+        token = admin_token(state_dir)
+    except OSError as exc:  # recorded; the start itself counted
+        token, out["status_error"] = None, f"admin token: {exc}"
+    ev = None
+    if token:
+        code, status, err = http_json("GET", server.url + "/admin/status", token=token)
+        ev = last_event(status, "engine_started")
+        if err or code != 200:
+            out["status_error"] = err or f"HTTP {code}"
+    out["engine_start_s"] = (ev or {}).get("data", {}).get("seconds")
+    out["log_offset"] = offset
+    return out
+
+
+def stop_daemon(server: ServerProc) -> dict[str, Any]:
+    t0 = time.monotonic()
+    code = server.stop(timeout_s=STOP_TIMEOUT_S)
+    return {"exit_status": code, "stop_s": round(time.monotonic() - t0, 1)}
+
+
+class ChatLoad:
+    """`clients` threads, each sending one chat request after another until stopped."""
+
+    def __init__(self, url: str, model: str, clients: int, max_tokens: int, hard_s: float):
+        self.url = url + "/v1/chat/completions"
+        self.body = {
+            "model": model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        self.clients = clients
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._hard_deadline = self._t0 + hard_s  # bound even if nobody calls stop()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"load-{i}", daemon=True)
+            for i in range(clients)
+        ]
+
+    def now(self) -> float:
+        """Seconds since the load was created (the time base of every record)."""
+        return time.monotonic() - self._t0
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> bool:
+        """Stop sending; wait for the requests in flight. True if every thread ended."""
+        self._stop.set()
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S + 30
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.records)
+
+    def _run(self, client: int) -> None:
+        while not self._stop.is_set() and time.monotonic() < self._hard_deadline:
+            start = self.now()
+            code, body, err = http_json("POST", self.url, self.body, timeout_s=REQUEST_TIMEOUT_S)
+            end = self.now()
+            ok = code == 200 and isinstance(body, dict) and bool(body.get("choices"))
+            rec: dict[str, Any] = {
+                "client": client,
+                "start_s": round(start, 3),
+                "end_s": round(end, 3),
+                "latency_s": round(end - start, 3),
+                "status": code,
+                "ok": ok,
+            }
+            if not ok:
+                rec["error"] = err or json.dumps(body)[:300]
+            with self._lock:
+                self.records.append(rec)
+            if not ok:
+                self._stop.wait(FAIL_PAUSE_S)
+
+
+def outcome_key(rec: dict[str, Any]) -> str:
+    if rec["status"] is None:
+        return "client_error:" + str(rec.get("error", "")).split(":", 1)[0]
+    if rec["status"] == 200 and not rec["ok"]:
+        return "200_without_choices"
+    return str(rec["status"])
+
+
+def summarize_load(records: list[dict[str, Any]], t_req: float, t_ready: float) -> dict[str, Any]:
+    """Counts by outcome, overall and for the requests that overlapped the restart."""
+
+    def counts(recs: list[dict[str, Any]]) -> dict[str, Any]:
+        lat = sorted(r["latency_s"] for r in recs)
+        return {
+            "total": len(recs),
+            "ok": sum(1 for r in recs if r["ok"]),
+            "failed": sum(1 for r in recs if not r["ok"]),
+            "by_status": dict(Counter(outcome_key(r) for r in recs)),
+            "max_latency_s": lat[-1] if lat else None,
+            "p50_latency_s": lat[len(lat) // 2] if lat else None,
+        }
+
+    during = [r for r in records if r["start_s"] <= t_ready and r["end_s"] >= t_req]
+    failures = [r for r in records if not r["ok"]]
+    return {
+        "all": counts(records),
+        "during_restart": counts(during),
+        "before_restart": counts([r for r in records if r["end_s"] < t_req]),
+        "after_restart": counts([r for r in records if r["start_s"] > t_ready]),
+        "first_failures": failures[:10],
+    }
+
+
+def restart_under_load(
+    server: ServerProc,
+    state_dir: Path,
+    model: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Chat load; POST /admin/engine/restart; poll until ready on a new engine; count."""
+    token = admin_token(state_dir)
+    status_url = server.url + "/admin/status"
+    out: dict[str, Any] = {
+        "clients": args.clients,
+        "max_tokens": args.max_tokens,
+        "lead_s": args.lead_s,
+        "after_s": args.after_s,
+    }
+    code, before, err = http_json("GET", status_url, token=token)
+    if code != 200 or not isinstance(before, dict):
+        out["error"] = f"GET /admin/status before the restart: {err or code}"
+        return out
+    started_before = before["engine"].get("started_at_s")
+    seq0 = max_seq(before)
+    out["state_before"] = before["engine"].get("state")
+
+    hard_s = args.lead_s + RESTART_TIMEOUT_S + args.after_s + 60
+    load = ChatLoad(server.url, model, args.clients, args.max_tokens, hard_s)
+    load.start()
+    t_req = t_ready = None
+    try:
+        time.sleep(args.lead_s)  # requests are running when the restart is asked for
+        t_req = load.now()
+        code, body, err = http_json(
+            "POST", server.url + "/admin/engine/restart", {}, token=token, timeout_s=30
+        )
+        out["restart_request"] = {"status": code, "body": body, "error": err}
+        print(f"    POST /admin/engine/restart -> {code or err}", flush=True)
+        if code != 202:
+            out["error"] = f"POST /admin/engine/restart answered {code or err}: {body}"
+        else:
+            states: list[tuple[float, str]] = []
+            poll_errors = 0
+            deadline = time.monotonic() + RESTART_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if server.proc.poll() is not None:
+                    out["error"] = f"daemon exited {server.proc.returncode} during the restart"
+                    break
+                code, snap, err = http_json("GET", status_url, token=token)
+                if code == 200 and isinstance(snap, dict):
+                    eng = snap["engine"]
+                    state = str(eng.get("state"))
+                    if not states or states[-1][1] != state:
+                        states.append((round(load.now() - t_req, 2), state))
+                        print(f"    +{states[-1][0]:.1f} s engine {state}", flush=True)
+                    if state == "ready" and eng.get("started_at_s") != started_before:
+                        t_ready = load.now()
+                        out["status_after"] = {
+                            "restarts_total": eng.get("restarts_total"),
+                            "last_error": eng.get("last_error"),
+                            "engine_restarted": last_event(snap, "engine_restarted", seq0),
+                            "engine_started": last_event(snap, "engine_started", seq0),
+                            "drain_timeout": last_event(snap, "drain_timeout", seq0),
+                            "engine_start_failed": last_event(snap, "engine_start_failed", seq0),
+                        }
+                        break
+                else:
+                    poll_errors += 1
+                time.sleep(STATUS_POLL_S)
+            else:
+                out["error"] = f"not ready on a new engine within {RESTART_TIMEOUT_S:g} s"
+            out["states"] = states
+            out["status_poll_errors"] = poll_errors
+        if t_ready is not None:
+            out["restart_s"] = round(t_ready - t_req, 1)
+            ev = (out["status_after"] or {}).get("engine_restarted")
+            out["daemon_restart_s"] = (ev or {}).get("data", {}).get("seconds")
+            time.sleep(args.after_s)  # load goes on after the restart
+    finally:
+        out["load_stopped_cleanly"] = load.stop()
+        records = load.snapshot()
+    end = t_ready if t_ready is not None else load.now()
+    out["load"] = summarize_load(records, t_req if t_req is not None else 0.0, end)
+    out["records"] = records
+    return out
+
+
+def run_variant(
+    name: str,
+    eager: bool | None,
+    args: argparse.Namespace,
+    work: Path,
+    model_dir: Path,
+    model_name: str,
+    results: dict[str, Any],
+    save: Callable[[], None],
+) -> dict[str, Any]:
+    """The phases for one engine setting, kept in results[name] and saved as each finishes."""
+    res: dict[str, Any] = {"enforce_eager": eager, "phases": {}}
+    results[name] = res
+    phases = res["phases"]
+    state_dir = work / f"appliance-{name}"
+    log = state_dir / "daemon.log"
+    cache = compile_cache_dir()
+    server: ServerProc | None = None
+    try:
+        # 1. cold start
+        if name == "compiled" and not args.keep_cache:
+            res["cache_removed"] = remove_cache(cache)
+        else:
+            res["cache_removed"] = None
+            why = "--keep-cache" if name == "compiled" else "eager does not compile"
+            print(f"  compile cache left as it is ({why}): {dir_stats(cache)}", flush=True)
+        res["cache_before_cold"] = dir_stats(cache)
+        print(f"  {name}: cold start", flush=True)
+        cfg = appliance_config(state_dir, free_port(), model_dir, eager)
+        try:
+            st = timed_start(cfg, state_dir, args.start_timeout)
+        except Exception as exc:
+            phases["cold_start"] = {"error": f"start failed: {exc}"[-4000:]}
+            print(f"  {name} cold start failed: {exc}"[:2000], flush=True)
+            return res
+        server = st.pop("server")
+        st["log"] = log_lines(log, st.pop("log_offset"))
+        st["cache_after"] = dir_stats(cache)
+        phases["cold_start"] = st
+        print(
+            f"  {name}: cold start {st['start_s']:.1f} s (engine {st['engine_start_s']} s); "
+            f"compile cache after: exists {st['cache_after']['exists']}, "
+            f"{st['cache_after'].get('mib', 0)} MiB",
+            flush=True,
+        )
+        save()
+
+        # 2. warm-cache start
+        if not args.quick:
+            phases["stop_after_cold"] = stop_daemon(server)
+            server = None
+            print(f"  {name}: stopped ({phases['stop_after_cold']}); warm start", flush=True)
+            cfg = appliance_config(state_dir, free_port(), model_dir, eager)
+            try:
+                st = timed_start(cfg, state_dir, args.start_timeout)
+            except Exception as exc:
+                phases["warm_start"] = {"error": f"start failed: {exc}"[-4000:]}
+                print(f"  {name} warm start failed: {exc}"[:2000], flush=True)
+                return res
+            server = st.pop("server")
+            st["log"] = log_lines(log, st.pop("log_offset"))
+            st["cache_after"] = dir_stats(cache)
+            phases["warm_start"] = st
+            print(
+                f"  {name}: warm start {st['start_s']:.1f} s (engine {st['engine_start_s']} s)",
+                flush=True,
+            )
+            save()
+
+        # 3. graceful restart under load
+        print(f"  {name}: restart under load ({args.clients} clients)", flush=True)
+        offset = log_size(log)
+        try:
+            rs = restart_under_load(server, state_dir, model_name, args)
+        except Exception as exc:
+            rs = {"error": f"restart phase failed: {exc!r}"[-4000:]}
+        rs["log"] = log_lines(log, offset)
+        rs["cache_after"] = dir_stats(cache)
+        phases["restart_under_load"] = rs
+        during = rs.get("load", {}).get("during_restart", {})
+        print(
+            f"  {name}: restart {rs.get('restart_s')} s; requests during it: "
+            f"{during.get('ok')} ok, {during.get('failed')} failed {during.get('by_status')}, "
+            f"longest {during.get('max_latency_s')} s",
+            flush=True,
+        )
+        save()
+    finally:
+        if server is not None:
+            res["final_stop"] = stop_daemon(server)
+        res["maintenance_jobs_started"] = count_in_log(log, "job_started")
+        save()
+    return res
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def phase_value(run: dict[str, Any] | None, phase: str, key: str) -> Any:
+    if not run:
+        return None
+    ph = run["phases"].get(phase) or {}
+    if "error" in ph and key not in ph:
+        return "error"
+    return ph.get(key)
+
+
+def load_value(run: dict[str, Any] | None, key: str) -> Any:
+    if not run:
+        return None
+    rs = run["phases"].get("restart_under_load") or {}
+    return (rs.get("load") or {}).get("during_restart", {}).get(key)
+
+
+def failed_text(run: dict[str, Any] | None) -> str:
+    if not run:
+        return "n/a"
+    rs = run["phases"].get("restart_under_load") or {}
+    during = (rs.get("load") or {}).get("during_restart")
+    if not during:
+        return "error" if "error" in rs else "n/a"
+    text = f"{during['failed']} of {during['total']}"
+    bad = {k: v for k, v in during["by_status"].items() if k != "200"}
+    if bad:
+        text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())) + ")"
+    return text
+
+
+def cache_note(run: dict[str, Any]) -> list[str]:
+    """What the compile cache and vLLM's log said, for the compiled variant."""
+    lines = []
+    removed = run.get("cache_removed")
+    if removed is None:
+        lines.append("- Compile cache: kept from before the run (`--keep-cache`).")
+    else:
+        b = removed["before"]
+        lines.append(
+            f"- Compile cache `{b['path']}`: removed before the cold start "
+            f"({b.get('mib', 0)} MiB, {b['files']} files)."
+            if removed["removed"]
+            else f"- Compile cache `{b['path']}`: absent before the cold start."
+        )
+    for phase in ("cold_start", "warm_start", "restart_under_load"):
+        ph = run["phases"].get(phase)
+        if not ph or "cache_after" not in ph:
+            continue
+        c = ph["cache_after"]
+        loaded = sum("Directly load AOT compilation" in x for x in ph.get("log", []))
+        failed = [x for x in ph.get("log", []) if "Compiling model again" in x]
+        text = (
+            f"- After {phase.replace('_', ' ')}: cache exists {str(c['exists']).lower()}, "
+            f"{c.get('mib', 0)} MiB / {c['files']} files; vLLM log: {loaded} AOT load(s)"
+        )
+        if failed:
+            text += f", {len(failed)} load failure(s), e.g. `{failed[0][-200:]}`"
+        lines.append(text + ".")
+    return lines
+
+
+def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    comp = results.get("compiled")
+    eager = results.get("eager")
+    cols = ["phase", "compiled (shipped)"] + (["eager"] if eager is not None else [])
+    rows: list[tuple[str, Any, Any]] = [
+        (
+            "cold start: launch to `/health/ready` 200, s",
+            phase_value(comp, "cold_start", "start_s"),
+            phase_value(eager, "cold_start", "start_s"),
+        ),
+        (
+            "(of it) engine start inside the daemon, s",
+            phase_value(comp, "cold_start", "engine_start_s"),
+            phase_value(eager, "cold_start", "engine_start_s"),
+        ),
+    ]
+    if not meta["quick"]:
+        rows += [
+            (
+                "warm-cache start: launch to ready, s",
+                phase_value(comp, "warm_start", "start_s"),
+                phase_value(eager, "warm_start", "start_s"),
+            ),
+            (
+                "(of it) engine start inside the daemon, s",
+                phase_value(comp, "warm_start", "engine_start_s"),
+                phase_value(eager, "warm_start", "engine_start_s"),
+            ),
+        ]
+    rows += [
+        (
+            "graceful restart under load: POST to ready, s",
+            phase_value(comp, "restart_under_load", "restart_s"),
+            phase_value(eager, "restart_under_load", "restart_s"),
+        ),
+        (
+            "requests overlapping the restart: failed of total",
+            failed_text(comp),
+            failed_text(eager),
+        ),
+        (
+            "longest request latency during the restart, s",
+            load_value(comp, "max_latency_s"),
+            load_value(eager, "max_latency_s"),
+        ),
+    ]
+    eager_note = " (engine.enforce_eager true for the eager column)" if eager is not None else ""
+    cold_note = (
+        "Cold: vLLM's compile cache kept (`--keep-cache`)."
+        if meta["keep_cache"]
+        else "Cold: vLLM's compile cache removed first."
+    )
+    lines = [
+        "## Engine start and graceful restart (shipped config)",
+        "",
+        f"Measured {meta['date']} with `{meta['command']}` on {meta['machine']}, vLLM "
+        f"{meta['vllm']} CPU engine, model {meta['model']}. `config.yaml` as shipped; only "
+        f"state_dir, server.host/port and engine.model changed{eager_note}. {cold_note} "
+        "The OS page cache is not dropped. Warm: SIGTERM, then the same state_dir started "
+        "again. Restart: "
+        f"{meta['clients']} clients sending `/v1/chat/completions` (max_tokens "
+        f"{meta['max_tokens']}) back to back from {meta['lead_s']:g} s before "
+        f"`POST /admin/engine/restart` to {meta['after_s']:g} s after ready; clients never "
+        "retry. Target: no failed request.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    for label, c, e in rows:
+        cells = [label, c if isinstance(c, str) else fmt(c)]
+        if eager is not None:
+            cells.append(e if isinstance(e, str) else fmt(e))
+        lines.append("| " + " | ".join(cells) + " |")
+    if comp:
+        lines += ["", *cache_note(comp)]
+    jobs = {k: r.get("maintenance_jobs_started") for k, r in results.items() if r}
+    if any(jobs.values()):
+        lines.append(f"- Maintenance jobs started during the run (log `job_started`): {jobs}.")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f" / {int(line.split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores{mem}"
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    parser.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="do not remove vLLM's compile cache before the cold start",
+    )
+    parser.add_argument(
+        "--compare-eager",
+        action="store_true",
+        help="run the phases again with engine.enforce_eager true, for context",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the warm start (the restart runs on the cold-started daemon); writes the "
+        f"JSON to {QUICK_JSON_OUT.relative_to(ROOT)} and docs/ only if --out/--json say so",
+    )
+    parser.add_argument("--clients", type=int, default=4, help="load threads (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="per request (default 16)")
+    parser.add_argument(
+        "--lead-s", type=float, default=5.0, help="load before the restart request (default 5)"
+    )
+    parser.add_argument(
+        "--after-s", type=float, default=10.0, help="load after ready again (default 10)"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=START_TIMEOUT_S,
+        help=f"seconds a daemon start may take (default {START_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"markdown to write the section into (default {DOC.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--json", default=None, help=f"raw results (default {JSON_OUT.relative_to(ROOT)})"
+    )
+    parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="keep state dirs and daemon logs here (default: a temporary folder, removed)",
+    )
+    args = parser.parse_args(argv)
+    if not 1 <= args.clients <= 64:
+        parser.error("--clients must be between 1 and 64")
+    if not 1 <= args.max_tokens <= 1024:
+        parser.error("--max-tokens must be between 1 and 1024")
+    for key in ("lead_s", "after_s"):
+        if not 0 <= getattr(args, key) <= 600:
+            parser.error(f"--{key.replace('_', '-')} must be between 0 and 600")
+    if not 10 <= args.start_timeout <= 3600:
+        parser.error("--start-timeout must be between 10 and 3600")
+    if args.quick:
+        args.out = Path(args.out) if args.out else None
+        args.json = Path(args.json) if args.json else QUICK_JSON_OUT
+    else:
+        args.out = Path(args.out) if args.out else DOC
+        args.json = Path(args.json) if args.json else JSON_OUT
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import vllm
+
+    from appliance.config import parse_config, served_model_name
+    from appliance.model_prep import prepare_default_model
+
+    model_dir = prepare_default_model(MODEL_DIR)
+    shipped = parse_config(
+        appliance_config(ROOT / "state", 8000, model_dir, None), str(SHIPPED_CONFIG)
+    )
+    model_name = served_model_name(shipped)
+    command = "python bench/start_times.py" + "".join(
+        f" --{flag}"
+        for flag, on in (
+            ("quick", args.quick),
+            ("compare-eager", args.compare_eager),
+            ("keep-cache", args.keep_cache),
+        )
+        if on
+    )
+    meta: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "git": git_rev(),
+        "machine": machine(),
+        "vllm": vllm.__version__,
+        "model": model_name,
+        "model_dir": str(model_dir),
+        "shipped_enforce_eager": shipped.engine.enforce_eager,
+        "shipped_drain_timeout_s": shipped.engine.drain_timeout_s,
+        "shipped_max_queue_wait_s": shipped.admission.max_queue_wait_s,
+        "appliance_config": "config.yaml as shipped; changed: state_dir, server.host, "
+        "server.port, engine.model (eager variant: engine.enforce_eager true)",
+        "compile_cache_dir": str(compile_cache_dir()),
+        "quick": args.quick,
+        "keep_cache": args.keep_cache,
+        "clients": args.clients,
+        "max_tokens": args.max_tokens,
+        "lead_s": args.lead_s,
+        "after_s": args.after_s,
+        "start_timeout_s": args.start_timeout,
+    }
+    results: dict[str, Any] = {}
+
+    def save(complete: bool = False) -> None:
+        write_json(args.json, {"complete": complete, "meta": meta, "results": results})
+
+    variants: list[tuple[str, bool | None]] = [("compiled", None)]
+    if args.compare_eager:
+        variants.append(("eager", True))
+    with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
+        work = Path(args.work_dir) if args.work_dir else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name, eager in variants:
+            print(f"{name} (enforce_eager {eager if eager is not None else 'as shipped'})")
+            run_variant(name, eager, args, work, model_dir, model_name, results, save)
+    save(complete=True)
+    section = render(results, meta)
+    print(section)
+    if args.out:
+        write_section(args.out, SECTION, section)
+        print(f"wrote section {SECTION!r} of {args.out}")
+    print(f"wrote {args.json}")
+    broken = False
+    for run in results.values():
+        phases = run.get("phases", {})
+        broken |= any("error" in ph for ph in phases.values() if isinstance(ph, dict))
+        broken |= bool(load_value(run, "failed"))
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
