@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +44,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import write_section  # noqa: E402
+from bench.report import (  # noqa: E402
+    SHIPPED_CONFIG,
+    add_output_args,
+    git_rev,
+    machine,
+    shipped_appliance_config,
+    write_json,
+    write_section,
+)
 from bench.servers import (  # noqa: E402
     ServerProc,
     free_port,
@@ -55,7 +61,6 @@ from bench.servers import (  # noqa: E402
     vllm_defaults_command,
 )
 
-SHIPPED_CONFIG = ROOT / "config.yaml"
 MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
 DOC = ROOT / "docs" / "benchmarks.md"
 JSON_OUT = ROOT / "docs" / "bench-compare-vllm.json"
@@ -87,17 +92,6 @@ KEEP = (
 def prompts_for(concurrency: int, quick: bool) -> int:
     """Enough prompts for a steady state at each level without an hour-long run on 2 cores."""
     return max(4, 2 * concurrency) if quick else max(8, 3 * concurrency)
-
-
-def appliance_config(state_dir: Path, port: int, model_dir: Path) -> dict[str, Any]:
-    """config.yaml as shipped, with only state_dir, server.host/port and engine.model set."""
-    import yaml
-
-    data = yaml.safe_load(SHIPPED_CONFIG.read_text()) or {}
-    data["state_dir"] = str(state_dir)
-    data["server"] = {**(data.get("server") or {}), "host": "127.0.0.1", "port": port}
-    data["engine"] = {**(data.get("engine") or {}), "model": str(model_dir)}
-    return data
 
 
 def run_vllm_bench(
@@ -164,7 +158,7 @@ def start_side(
     port = free_port()
     if side == "appliance":
         state_dir = work / f"appliance-{tag}"
-        cfg = appliance_config(state_dir, port, model_dir)
+        cfg = shipped_appliance_config(state_dir, port, model_dir)
         server = start_appliance(cfg, state_dir, timeout_s=START_TIMEOUT_S)
         return server, state_dir / "daemon.log"
     log = work / f"vllm-{tag}.log"
@@ -362,39 +356,6 @@ def render(summary: dict[str, Any], plan: dict[str, Any], meta: dict[str, Any]) 
     return "\n".join(lines) + "\n"
 
 
-def machine() -> str:
-    mem = ""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = f" / {int(line.split()[1]) / 2**20:.0f} GiB"
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores{mem}"
-
-
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    tmp.replace(path)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -411,19 +372,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smoke run: 1 round, concurrency 1,4, fewer prompts and warmups; writes the JSON "
         f"to {QUICK_JSON_OUT.relative_to(ROOT)} and docs/ only if --out/--json say so",
     )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help=f"markdown to write the section into (default {DOC.relative_to(ROOT)})",
-    )
-    parser.add_argument(
-        "--json", default=None, help=f"raw results (default {JSON_OUT.relative_to(ROOT)})"
-    )
-    parser.add_argument(
-        "--work-dir",
-        default=None,
-        help="keep state dirs and server logs here (default: a temporary folder, removed)",
-    )
+    add_output_args(parser, DOC, JSON_OUT, "server logs")
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -458,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = prepare_default_model(MODEL_DIR)
     # What the shipped config resolves to (KV budget, served name, engine settings).
-    shipped = parse_config(appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG))
+    shipped = parse_config(
+        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
+    )
     kv_gib = float(shipped.engine.kv_cache_space_gib)
     model_name = served_model_name(shipped)
     vcmd, venv = vllm_defaults_command(model_dir, 0, kv_gib, model_name)

@@ -113,20 +113,10 @@ def start_vllm_server(
     timeout_s: float = 420,
     extra_args: list[str] | None = None,
 ) -> ServerProc:
-    """vLLM's own OpenAI server on the same model and engine settings (plus extra_args)."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        model_dir.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+    """vLLM's own OpenAI server on the test daemon's engine settings (eager, the same
+    context, sequences, dtype and seed), plus extra_args."""
+    cmd, env = vllm_defaults_command(model_dir, port, kv_space_gib)
+    cmd += [
         "--max-model-len",
         str(max_model_len),
         "--max-num-seqs",

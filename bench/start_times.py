@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,10 +51,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import write_section  # noqa: E402
+from bench.report import (  # noqa: E402
+    SHIPPED_CONFIG,
+    add_output_args,
+    git_rev,
+    machine,
+    shipped_appliance_config,
+    write_json,
+    write_section,
+)
 from bench.servers import ServerProc, free_port, start_appliance  # noqa: E402
 
-SHIPPED_CONFIG = ROOT / "config.yaml"
 MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
 DOC = ROOT / "docs" / "benchmarks.md"
 JSON_OUT = ROOT / "docs" / "bench-start-times.json"
@@ -85,21 +91,9 @@ LOG_NEEDLES = (
 # -- config, cache, logs -------------------------------------------------------------------
 
 
-def appliance_config(
-    state_dir: Path, port: int, model_dir: Path, enforce_eager: bool | None
-) -> dict[str, Any]:
-    """config.yaml as shipped with state_dir, server.host/port, engine.model set (and
-    engine.enforce_eager when not None: the eager comparison)."""
-    import yaml
-
-    data = yaml.safe_load(SHIPPED_CONFIG.read_text()) or {}
-    data["state_dir"] = str(state_dir)
-    data["server"] = {**(data.get("server") or {}), "host": "127.0.0.1", "port": port}
-    engine = {**(data.get("engine") or {}), "model": str(model_dir)}
-    if enforce_eager is not None:
-        engine["enforce_eager"] = enforce_eager
-    data["engine"] = engine
-    return data
+def _eager(eager: bool | None) -> dict[str, Any]:
+    """engine.enforce_eager for the eager comparison; nothing for the shipped config."""
+    return {} if eager is None else {"enforce_eager": eager}
 
 
 def compile_cache_dir() -> Path:
@@ -443,6 +437,37 @@ def restart_under_load(
     return out
 
 
+def _start_phase(
+    res: dict[str, Any],
+    phase: str,
+    name: str,
+    eager: bool | None,
+    state_dir: Path,
+    model_dir: Path,
+    args: argparse.Namespace,
+) -> ServerProc | None:
+    """One timed start (cold or warm) into res["phases"][phase]; the server, or None."""
+    print(f"  {name}: {phase}", flush=True)
+    cfg = shipped_appliance_config(state_dir, free_port(), model_dir, **_eager(eager))
+    try:
+        st = timed_start(cfg, state_dir, args.start_timeout)
+    except Exception as exc:
+        res["phases"][phase] = {"error": f"start failed: {exc}"[-4000:]}
+        print(f"  {name} {phase} failed: {exc}"[:2000], flush=True)
+        return None
+    server: ServerProc = st.pop("server")
+    st["log"] = log_lines(state_dir / "daemon.log", st.pop("log_offset"))
+    st["cache_after"] = dir_stats(compile_cache_dir())
+    res["phases"][phase] = st
+    print(
+        f"  {name}: {phase} {st['start_s']:.1f} s (engine {st['engine_start_s']} s); "
+        f"compile cache after: exists {st['cache_after']['exists']}, "
+        f"{st['cache_after'].get('mib', 0)} MiB",
+        flush=True,
+    )
+    return server
+
+
 def run_variant(
     name: str,
     eager: bool | None,
@@ -470,46 +495,18 @@ def run_variant(
             why = "--keep-cache" if name == "compiled" else "eager does not compile"
             print(f"  compile cache left as it is ({why}): {dir_stats(cache)}", flush=True)
         res["cache_before_cold"] = dir_stats(cache)
-        print(f"  {name}: cold start", flush=True)
-        cfg = appliance_config(state_dir, free_port(), model_dir, eager)
-        try:
-            st = timed_start(cfg, state_dir, args.start_timeout)
-        except Exception as exc:
-            phases["cold_start"] = {"error": f"start failed: {exc}"[-4000:]}
-            print(f"  {name} cold start failed: {exc}"[:2000], flush=True)
+        server = _start_phase(res, "cold_start", name, eager, state_dir, model_dir, args)
+        if server is None:
             return res
-        server = st.pop("server")
-        st["log"] = log_lines(log, st.pop("log_offset"))
-        st["cache_after"] = dir_stats(cache)
-        phases["cold_start"] = st
-        print(
-            f"  {name}: cold start {st['start_s']:.1f} s (engine {st['engine_start_s']} s); "
-            f"compile cache after: exists {st['cache_after']['exists']}, "
-            f"{st['cache_after'].get('mib', 0)} MiB",
-            flush=True,
-        )
         save()
 
         # 2. warm-cache start
         if not args.quick:
             phases["stop_after_cold"] = stop_daemon(server)
-            server = None
-            print(f"  {name}: stopped ({phases['stop_after_cold']}); warm start", flush=True)
-            cfg = appliance_config(state_dir, free_port(), model_dir, eager)
-            try:
-                st = timed_start(cfg, state_dir, args.start_timeout)
-            except Exception as exc:
-                phases["warm_start"] = {"error": f"start failed: {exc}"[-4000:]}
-                print(f"  {name} warm start failed: {exc}"[:2000], flush=True)
+            print(f"  {name}: stopped ({phases['stop_after_cold']})", flush=True)
+            server = _start_phase(res, "warm_start", name, eager, state_dir, model_dir, args)
+            if server is None:
                 return res
-            server = st.pop("server")
-            st["log"] = log_lines(log, st.pop("log_offset"))
-            st["cache_after"] = dir_stats(cache)
-            phases["warm_start"] = st
-            print(
-                f"  {name}: warm start {st['start_s']:.1f} s (engine {st['engine_start_s']} s)",
-                flush=True,
-            )
             save()
 
         # 3. graceful restart under load
@@ -691,39 +688,6 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine() -> str:
-    mem = ""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = f" / {int(line.split()[1]) / 2**20:.0f} GiB"
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores{mem}"
-
-
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True, timeout=30,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True, timeout=30,
-        ).stdout.strip()  # fmt: skip
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    tmp.replace(path)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -760,19 +724,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=START_TIMEOUT_S,
         help=f"seconds a daemon start may take (default {START_TIMEOUT_S:g})",
     )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help=f"markdown to write the section into (default {DOC.relative_to(ROOT)})",
-    )
-    parser.add_argument(
-        "--json", default=None, help=f"raw results (default {JSON_OUT.relative_to(ROOT)})"
-    )
-    parser.add_argument(
-        "--work-dir",
-        default=None,
-        help="keep state dirs and daemon logs here (default: a temporary folder, removed)",
-    )
+    add_output_args(parser, DOC, JSON_OUT, "daemon logs")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 64:
         parser.error("--clients must be between 1 and 64")
@@ -802,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = prepare_default_model(MODEL_DIR)
     shipped = parse_config(
-        appliance_config(ROOT / "state", 8000, model_dir, None), str(SHIPPED_CONFIG)
+        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
     )
     model_name = served_model_name(shipped)
     command = "python bench/start_times.py" + "".join(

@@ -158,6 +158,7 @@ def _vllm_config(max_model_len: int) -> object:
             served_model_name=["fake-model"],
             max_model_len=max_model_len,
             enforce_eager=True,
+            scheduling_policy="priority",  # as the appliance configures it: lanes reach vLLM
         )
         _VLLM_CONFIGS[max_model_len] = args.create_engine_config()
     return _VLLM_CONFIGS[max_model_len]

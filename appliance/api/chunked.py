@@ -157,17 +157,14 @@ async def stream_reply(
     return resp
 
 
-async def reply(
-    request: web.Request,
+async def json_reply(
     svc: Services,
     parsed: ParsedRequest,
     request_id: str,
     outcome: Outcome,
     source: AsyncIterator[GenerationDelta | Progress],
-) -> web.StreamResponse:
-    """The chunked document's answer: JSON, or a stream with progress events."""
-    if parsed.stream:
-        return await stream_reply(request, svc, parsed, request_id, outcome, source)
+) -> web.Response:
+    """The chunked document's answer as one JSON body, once every pass is done."""
     async for _ in source:
         pass
     return web.json_response(final_body(svc, parsed, request_id, outcome))

@@ -10,10 +10,13 @@ log line per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,29 +144,19 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response(await frontend.models(), dumps=dumps)
 
 
-@routes.post("/v1/chat/completions")
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, "chat")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@routes.post("/v1/completions")
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, "completion")
+def _route(
+    endpoint: str, serve: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+) -> Handler:
+    """A handler that serves endpoint with serve (admitted generation, or a utility)."""
 
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await serve(request, endpoint)
 
-@routes.post("/v1/responses")
-async def responses(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, "responses")
-
-
-@routes.post("/tokenize")
-async def tokenize(request: web.Request) -> web.StreamResponse:
-    return await _utility(request, "tokenize")
-
-
-@routes.post("/detokenize")
-async def detokenize(request: web.Request) -> web.StreamResponse:
-    return await _utility(request, "detokenize")
+    handle.__name__ = f"{endpoint}_handler"
+    return handle
 
 
 async def _utility(request: web.Request, endpoint: str) -> web.StreamResponse:
@@ -200,39 +193,24 @@ async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     return await _serve(request, svc, endpoint, ext, parsed)
 
 
-def _admitted(svc: Services, ext: Extensions, arrived_s: float) -> tuple[float | None, Any]:
-    """Readiness check, then the deadline; the admission slot is the caller's `async with`."""
-    svc.metrics.arrivals += 1
-    svc.supervisor.check_admitting()
-    deadline_s = arrived_s + ext.deadline_ms / 1000 if ext.deadline_ms else None
-    return deadline_s, svc.admission.slot(ext.lane, deadline_s)
-
-
-async def _serve(
-    request: web.Request, svc: Services, endpoint: str, ext: Extensions, parsed: Any
-) -> web.StreamResponse:
-    """Admission, then vLLM's serving class under the request's scope."""
-    arrived_s = request.get(ARRIVED_S, time.monotonic())
-    outcome = Outcome()
+@contextlib.asynccontextmanager
+async def _admitted(
+    svc: Services, ext: Extensions, arrived_s: float, outcome: Outcome, kind: str
+) -> AsyncIterator[float | None]:
+    """Readiness, the lane's queue, one slot for the body; the request's metrics and log
+    line on the way out, whatever happened. Yields the deadline (monotonic s) or None."""
     status = "error"
     try:
-        deadline_s, slot = _admitted(svc, ext, arrived_s)
-        async with slot:
+        svc.metrics.arrivals += 1
+        svc.supervisor.check_admitting()
+        deadline_s = arrived_s + ext.deadline_ms / 1000 if ext.deadline_ms else None
+        async with svc.admission.slot(ext.lane, deadline_s):
             outcome.admitted_s = time.monotonic()
             svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
                 outcome.admitted_s - arrived_s
             )
-            token = CURRENT_SCOPE.set(RequestScope(int(ext.lane), deadline_s, outcome))
-            try:
-                reply = await svc.supervisor.frontend().serve(endpoint, parsed)
-                if isinstance(reply, StreamReply):
-                    resp: web.StreamResponse = await _stream(request, reply, outcome)
-                else:
-                    resp = web.json_response(reply.body, status=reply.status, dumps=dumps)
-            finally:
-                CURRENT_SCOPE.reset(token)
+            yield deadline_s
             status = _status_of_outcome(outcome)
-            return resp
     except asyncio.CancelledError:
         status = "cancelled"  # the client went away; vLLM's request was aborted on the way out
         raise
@@ -240,7 +218,24 @@ async def _serve(
         status = _status_of(exc)
         raise
     finally:
-        _record(svc, ext.lane, endpoint, outcome, arrived_s, status)
+        _record(svc, ext.lane, kind, outcome, arrived_s, status)
+
+
+async def _serve(
+    request: web.Request, svc: Services, endpoint: str, ext: Extensions, parsed: Any
+) -> web.StreamResponse:
+    """Admission, then vLLM's serving class under the request's scope."""
+    outcome = Outcome()
+    arrived_s = request.get(ARRIVED_S, time.monotonic())
+    async with _admitted(svc, ext, arrived_s, outcome, endpoint) as deadline_s:
+        token = CURRENT_SCOPE.set(RequestScope(int(ext.lane), deadline_s, outcome))
+        try:
+            reply = await svc.supervisor.frontend().serve(endpoint, parsed)
+            if isinstance(reply, StreamReply):
+                return await _stream(request, reply, outcome)
+            return web.json_response(reply.body, status=reply.status, dumps=dumps)
+        finally:
+            CURRENT_SCOPE.reset(token)
 
 
 async def _stream(
@@ -327,41 +322,22 @@ async def _serve_chunked(
     request: web.Request, svc: Services, body: dict[str, Any], ext: Extensions, long: LongRequest
 ) -> web.StreamResponse:
     """A document over the context, read in parts inside one admission slot."""
-    arrived_s = request.get(ARRIVED_S, time.monotonic())
     rid = body.get("request_id") or uuid.uuid4().hex
     limits = limits_of(svc)
     parsed = common(dict(body, priority=ext.lane.label), "chat", None, limits)
-    outcome = Outcome(prompt_tokens=0)
-    status = "error"
-    try:
-        _, slot = _admitted(svc, ext, arrived_s)
-        async with slot:
-            outcome.admitted_s = time.monotonic()
-            svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
-                outcome.admitted_s - arrived_s
-            )
-            parsed = _with_deadline(parsed, ext)
-            source = run_chunked(
-                svc, request.app[LONG_CONTEXT], parsed, long, rid, outcome, arrived_s, limits
-            )
-            resp = await chunked.reply(request, svc, parsed, rid, outcome, source)
-            outcome.prompt_tokens = len(parsed.prompt_token_ids) + outcome.extra_prompt_tokens
-            status = _status_of_outcome(outcome)
-            return resp
-    except asyncio.CancelledError:
-        status = "cancelled"
-        raise
-    except ApplianceError as exc:
-        status = _status_of(exc)
-        raise
-    finally:
-        _record(svc, ext.lane, "chat", outcome, arrived_s, status)
-
-
-def _with_deadline(parsed: Any, ext: Extensions) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(parsed, deadline_ms=ext.deadline_ms)
+    parsed = dataclasses.replace(parsed, deadline_ms=ext.deadline_ms)
+    outcome = Outcome()
+    arrived_s = request.get(ARRIVED_S, time.monotonic())
+    async with _admitted(svc, ext, arrived_s, outcome, "chat"):
+        source = run_chunked(
+            svc, request.app[LONG_CONTEXT], parsed, long, rid, outcome, arrived_s, limits
+        )
+        try:
+            if parsed.stream:
+                return await chunked.stream_reply(request, svc, parsed, rid, outcome, source)
+            return await chunked.json_reply(svc, parsed, rid, outcome, source)
+        finally:
+            outcome.prompt_tokens = outcome.extra_prompt_tokens
 
 
 def _status_of_outcome(outcome: Outcome) -> str:
@@ -426,3 +402,13 @@ def _record(
 def _round(at_s: float | None, since_s: float) -> float | None:
     return None if at_s is None else round(at_s - since_s, 6)
 
+
+# vLLM's endpoints, each under the appliance's key check; the generating ones admitted.
+for _path, _endpoint in (
+    ("/v1/chat/completions", "chat"),
+    ("/v1/completions", "completion"),
+    ("/v1/responses", "responses"),
+):
+    routes.post(_path)(_route(_endpoint, _generate))
+for _path, _endpoint in (("/tokenize", "tokenize"), ("/detokenize", "detokenize")):
+    routes.post(_path)(_route(_endpoint, _utility))
