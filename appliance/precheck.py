@@ -100,10 +100,13 @@ def load_tokenizer(model_dir: Path) -> str:
 
         vocab = len(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
         kind = "AutoTokenizer"
-    if not has_chat_template(model_dir):
-        # The daemon renders chat prompts with it and refuses to start without one.
-        raise ValueError("tokenizer has no chat template")
-    return f"{kind}, {vocab} tokens, chat template"
+    template = "chat template" if has_chat_template(model_dir) else NO_CHAT_TEMPLATE
+    return f"{kind}, {vocab} tokens, {template}"
+
+
+# A base or pooling model has none: vLLM serves completions and pooling without it, and
+# answers chat with a 400 unless engine.vllm.chat_template gives one.
+NO_CHAT_TEMPLATE = "no chat template"
 
 
 def has_chat_template(model_dir: Path) -> bool:
@@ -456,7 +459,10 @@ def check_port(host: str, port: int) -> CheckResult:
 
 
 def check_model(
-    model_dir: Path, tokenizer_loader: Callable[[Path], str] = load_tokenizer
+    model_dir: Path,
+    tokenizer_loader: Callable[[Path], str] = load_tokenizer,
+    *,
+    chat_template_set: bool = False,
 ) -> tuple[CheckResult, ModelSpec | None]:
     """The model folder loads: config.json parses, the tokenizer loads, weights are there."""
     if not model_dir.is_dir():
@@ -489,6 +495,12 @@ def check_model(
         f"{spec.num_kv_heads} KV heads x {spec.head_dim}, {len(weights)} weight file(s); "
         f"{tokenizer}"
     )
+    if tokenizer.endswith(NO_CHAT_TEMPLATE) and not chat_template_set:
+        detail += (
+            ": /v1/chat/completions answers 400 unless engine.vllm.chat_template gives one; "
+            "completions and pooling work"
+        )
+        return CheckResult("model", "warn", detail), spec
     return CheckResult("model", "pass", detail), spec
 
 
@@ -629,7 +641,11 @@ def run_prechecks(
     ]
     if include_port:
         results.append(check_port(cfg.server.host, cfg.server.port))
-    model_result, spec = check_model(model_dir, probes.load_tokenizer)
+    model_result, spec = check_model(
+        model_dir,
+        probes.load_tokenizer,
+        chat_template_set=bool(cfg.engine.vllm.get("chat_template")),
+    )
     results.append(model_result)
     if spec is None:
         results.append(CheckResult("memory_plan", "info", "skipped: the model did not load"))

@@ -94,8 +94,6 @@ def _load_tokenizer(model_dir: Path) -> Tokenizer:
 
     try:
         return HfTokenizer(model_dir)
-    except EngineStartError:
-        raise
     except Exception as exc:  # transformers raises OSError, ValueError and more for a bad folder
         raise EngineStartError(
             f"{model_dir}: tokenizer does not load: {type(exc).__name__}: {exc}"

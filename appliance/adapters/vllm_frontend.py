@@ -26,6 +26,10 @@ def _request_types() -> dict[str, Any]:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.pooling.classify.protocol import ClassificationRequest
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+    from vllm.entrypoints.pooling.pooling.protocol import PoolingRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
     from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 
     return {
@@ -34,7 +38,32 @@ def _request_types() -> dict[str, Any]:
         "responses": ResponsesRequest,
         "tokenize": TokenizeRequest,
         "detokenize": DetokenizeRequest,
+        "embeddings": EmbeddingRequest,
+        "pooling": PoolingRequest,
+        "classify": ClassificationRequest,
+        "score": ScoreRequest,
+        "rerank": RerankRequest,
     }
+
+
+# Pooling endpoints: the state attribute of vLLM's serving object (called as handler(req)).
+POOLING = {
+    "embeddings": "serving_embedding",
+    "pooling": "serving_pooling",
+    "classify": "serving_classification",
+    "score": "serving_scores",
+    "rerank": "serving_scores",
+}
+
+
+def _models_of(kind: Any) -> tuple[Any, ...]:
+    """The pydantic models a request type stands for (through Annotated and unions)."""
+    if typing.get_origin(kind) is typing.Annotated:
+        return _models_of(typing.get_args(kind)[0])
+    args = typing.get_args(kind)
+    if args:
+        return tuple(m for a in args for m in _models_of(a))
+    return (kind,) if hasattr(kind, "model_fields") else ()
 
 
 @functools.cache
@@ -47,9 +76,8 @@ def _adapter(endpoint: str) -> Any:
 @functools.cache
 def request_fields(endpoint: str) -> frozenset[str]:
     """Every field vLLM's request model for endpoint knows (aliases included)."""
-    kind = _request_types()[endpoint]
     names: set[str] = set()
-    for model in typing.get_args(kind) or (kind,):
+    for model in _models_of(_request_types()[endpoint]):
         for name, info in model.model_fields.items():
             names.add(name)
             if info.alias:
@@ -112,6 +140,11 @@ class VllmFrontend:
 
     def _handler(self, endpoint: str) -> Callable[[Any], Any]:
         s = self._state
+        if endpoint in POOLING:
+            pooler = getattr(s, POOLING[endpoint], None)
+            if pooler is None:
+                raise NotFound(f"the served model does not support the {endpoint} API")
+            return lambda r: pooler(r, None)
         handlers = {
             "chat": lambda r: s.openai_serving_chat.create_chat_completion(r, None),
             "completion": lambda r: s.openai_serving_completion.create_completion(r, None),
@@ -133,6 +166,11 @@ class VllmFrontend:
 
         if isinstance(result, ErrorResponse):
             raise _from_error_response(result)
+        if endpoint in POOLING:  # vLLM's pooling classes answer with a starlette Response
+            body = json.loads(bytes(result.body))
+            if result.status_code >= 400 and isinstance(body, dict) and "error" in body:
+                raise _from_error_response(ErrorResponse.model_validate(body))
+            return JsonReply(result.status_code, body)
         if hasattr(result, "model_dump"):
             if endpoint == "responses":
                 return JsonReply(200, result.model_dump(mode="json", by_alias=True))

@@ -412,3 +412,16 @@ for _path, _endpoint in (
     routes.post(_path)(_route(_endpoint, _generate))
 for _path, _endpoint in (("/tokenize", "tokenize"), ("/detokenize", "detokenize")):
     routes.post(_path)(_route(_endpoint, _utility))
+# Pooling models (embeddings, classification, scores): admitted like generation; the lane
+# orders the queue, a deadline bounds the wait (one engine step leaves nothing to cut).
+for _path, _endpoint in (
+    ("/v1/embeddings", "embeddings"),
+    ("/pooling", "pooling"),
+    ("/classify", "classify"),
+    ("/score", "score"),
+    ("/v1/score", "score"),
+    ("/rerank", "rerank"),
+    ("/v1/rerank", "rerank"),
+    ("/v2/rerank", "rerank"),
+):
+    routes.post(_path)(_route(_endpoint, _generate))

@@ -1,4 +1,9 @@
-"""Request validation before the engine: every error names the field and the limit."""
+"""Checks the appliance makes itself: the body, and a document read in parts.
+
+Everything else a request says is checked by vLLM's own request models and sampling
+checks (adapters/vllm_frontend.py), as `vllm serve` checks it. A chat prompt over the
+context that the client asked to read in parts never reaches vLLM's layer, so the fields
+that path serves are checked here; every error names the field and the limit."""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ from typing import Any
 
 from appliance.domain.engine_types import SamplingSpec
 from appliance.errors import BadRequest, BodyTooLarge, ModelNotFound
-from appliance.ports import Tokenizer
 from appliance.services.admission import LANE_NAMES, Lane
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -171,30 +175,6 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def completion_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer, limits: Limits) -> list[int]:
-    """The prompt of /v1/completions as token ids (text, one text in a list, or ids)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise BadRequest("prompt: must not be empty", param="prompt")
-        return tokenizer.encode(prompt)
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        bad = [t for t in prompt if not 0 <= t < limits.vocab_size]
-        if bad:
-            raise BadRequest(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
-                param="prompt",
-            )
-        return list(prompt)
-    raise BadRequest(
-        "prompt: required, a non-empty string, [string] or a list of token ids", param="prompt"
-    )
 
 
 def common(

@@ -483,11 +483,14 @@ def test_model_tokenizer_is_loaded_not_just_found(tmp_path: Path) -> None:
     assert result.status == "fail" and "tokenizer does not load: Exception" in result.detail
 
 
-def test_model_tokenizer_without_chat_template_fails(tmp_path: Path) -> None:
+def test_model_tokenizer_without_chat_template_warns(tmp_path: Path) -> None:
+    # A base or pooling model: completions and pooling work, chat needs a template.
     folder = write_model(tmp_path / "m")
     (folder / "tokenizer_config.json").write_text("{}")
     result, _ = check_model(folder)
-    assert result.status == "fail" and "no chat template" in result.detail
+    assert result.status == "warn" and "no chat template" in result.detail
+    assert "engine.vllm.chat_template" in result.detail
+    assert check_model(folder, chat_template_set=True)[0].status == "pass"
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     assert check_model(folder)[0].status == "pass"
 
