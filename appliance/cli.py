@@ -31,21 +31,55 @@ _COMMAND_MODULES = (
 
 def _load(args: argparse.Namespace) -> Any:
     path = find_config_path(getattr(args, "config", None))
-    cfg = load_config(path)
+    cfg = _load_checked(path)
     return cfg.with_overrides(host=getattr(args, "host", None), port=getattr(args, "port", None))
 
 
-def _check_vllm_mapping(cfg: Any, source: str) -> None:
-    """engine.vllm against vLLM's own parser: ConfigError names each engine.vllm.<key>.
-    An empty mapping imports nothing; without vLLM the check is skipped with a warning."""
-    if not cfg.engine.vllm:
-        return
-    from appliance.adapters.vllm_args import check_config
+def _load_checked(path: Any) -> Any:
+    """The config, with engine.vllm checked by vLLM's own parser too: one ConfigError that
+    names every bad key, the config model's and the mapping's together."""
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise ConfigError(exc.source, exc.problems + _raw_mapping_problems(path)) from None
+    _check_vllm_mapping(cfg.engine.vllm, str(path or "<defaults>"))
+    return cfg
+
+
+def _raw_mapping_problems(path: Any) -> list[tuple[str, str]]:
+    """engine.vllm's problems straight from the file, when the rest of it did not parse."""
+    import yaml
 
     try:
-        check_config(cfg, source)
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        mapping = data["engine"]["vllm"]
+    except Exception:  # unreadable, not YAML, or no mapping: the config's errors say it
+        return []
+    if not isinstance(mapping, dict):
+        return []
+    try:
+        _check_vllm_mapping(mapping, str(path))
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def _check_vllm_mapping(mapping: dict[str, Any], source: str) -> None:
+    """engine.vllm against vLLM's own parser: ConfigError names each engine.vllm.<key>.
+    An empty mapping imports nothing; without vLLM the check is skipped with a warning."""
+    if not mapping:
+        return
+    try:
+        from appliance.adapters.vllm_args import check_vllm_mapping
+
+        problems = check_vllm_mapping(mapping)
     except ImportError as exc:
         print(f"warning: engine.vllm not checked, vLLM does not import: {exc}", file=sys.stderr)
+        return
+    if problems:
+        raise ConfigError(
+            source, [(f"engine.vllm.{k}" if k else "engine.vllm", m) for k, m in problems]
+        )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -53,7 +87,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from appliance.serve import BadModelConfig, run_daemon
 
     cfg = _load(args)
-    _check_vllm_mapping(cfg, str(find_config_path(getattr(args, "config", None)) or "<defaults>"))
     setup_logging(cfg.logging.level, cfg.logging.json_lines)
     try:
         return asyncio.run(run_daemon(cfg))
@@ -64,8 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    cfg = load_config(args.path)
-    _check_vllm_mapping(cfg, str(args.path))
+    cfg = _load_checked(args.path)
     print(f"{args.path}: OK (model {resolve_model_dir(cfg)}, port {cfg.server.port})")
     return 0
 

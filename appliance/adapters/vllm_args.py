@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from appliance.errors import ConfigError
-
 if TYPE_CHECKING:
     from vllm import AsyncEngineArgs
 
@@ -335,12 +333,3 @@ def check_vllm_mapping(mapping: dict[str, Any]) -> list[tuple[str, str]]:
         return [(_key_in(str(exc), parser, list(mapping)), _one_line(str(exc)))]
     return _whole_problems(parser, ns, mapping)
 
-
-def check_config(cfg: Config, source: str) -> None:
-    """Raise ConfigError naming each bad key as engine.vllm.<key>. An empty mapping needs
-    no vLLM; without vLLM installed this raises ImportError (the caller decides)."""
-    problems = check_vllm_mapping(dict(cfg.engine.vllm))
-    if problems:
-        raise ConfigError(
-            source, [(f"engine.vllm.{k}" if k else "engine.vllm", m) for k, m in problems]
-        )

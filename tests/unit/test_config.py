@@ -324,3 +324,17 @@ def test_build_namespace_refuses_an_owned_key(vllm_args, tmp_path: Path):
         vllm_args.build_namespace(
             cfg, tmp_path, gpu_memory_utilization=0.5, kv_cache_memory_bytes=None
         )
+
+
+def test_config_check_names_model_and_vllm_mapping_keys_together(
+    vllm_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    # A file with a cross-field error and a bad engine.vllm key: both are named at once.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "controller: {min_limit: 8, max_limit: 4}\nengine:\n  vllm:\n    blok_size: 16\n"
+    )
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "controller.min_limit: 8 is above controller.max_limit (4)" in err
+    assert "engine.vllm.blok_size: unknown vLLM engine argument" in err
