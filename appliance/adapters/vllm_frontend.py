@@ -109,9 +109,8 @@ def parse_request(endpoint: str, body: dict[str, Any]) -> Any:
 class VllmFrontend:
     """vLLM's serving objects for one engine; rebuilt at every engine start."""
 
-    def __init__(self, state: Any, client: QosEngineClient, version: str) -> None:
-        self._state = state
-        self._client = client
+    def __init__(self, state: Any, version: str) -> None:
+        self._state = state  # vLLM's serving objects, as init_app_state left them
         self.version = version
 
     @classmethod
@@ -125,7 +124,7 @@ class VllmFrontend:
         tasks = await engine_client.get_supported_tasks()
         state = State()
         await init_app_state(client, state, namespace, tasks)
-        return cls(state, client, vllm.__version__)
+        return cls(state, vllm.__version__)
 
     async def serve(self, endpoint: str, request: Any) -> JsonReply | StreamReply:
         """Run a parsed request through vLLM's serving object for endpoint."""
@@ -183,10 +182,6 @@ class VllmFrontend:
         """/v1/models as vLLM lists them (base model and LoRA adapters)."""
         listed = await self._state.openai_serving_models.show_available_models()
         return listed.model_dump(mode="json")
-
-    def is_generating_model(self) -> bool:
-        """True when the model serves chat and completions."""
-        return getattr(self._state, "openai_serving_chat", None) is not None
 
 
 async def _response_events(events: AsyncIterator[Any]) -> AsyncIterator[str]:
