@@ -96,3 +96,16 @@ async def test_queue_full_on_a_stream_is_a_429_status_not_an_event(h: Harness):
     assert r.status == 429 and r.headers["Retry-After"] == "7"
     h.svc.supervisor.resume()
     assert (await first).status == 200
+
+
+async def test_responses_stream_is_vllms_event_stream(h: Harness):
+    r = await h.client.post(
+        "/v1/responses",
+        json={"model": MODEL, "input": "hello", "max_output_tokens": 3, "stream": True},
+    )
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    text = await r.text()
+    events = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    done = json.loads([ln for ln in text.splitlines() if ln.startswith("data: ")][-1][6:])
+    assert done["response"]["output"][-1]["content"][0]["text"].startswith("tok0")
