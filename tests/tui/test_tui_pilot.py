@@ -135,10 +135,6 @@ def tui(client: Any, refresh_s: float = 0.2, **kw: Any) -> ApplianceTui:
     return build_app(client, refresh_s=refresh_s, backoff_initial_s=0.1, backoff_max_s=0.3, **kw)
 
 
-def has_route(app: web.Application, path: str) -> bool:
-    return any(r.resource is not None and r.resource.canonical == path for r in app.router.routes())
-
-
 async def chat(live: Live, n: int = 3) -> None:
     async with aiohttp.ClientSession() as s:
         for _ in range(n):
@@ -240,7 +236,6 @@ async def test_restart_asks_first_and_restarts_gracefully(live: Live) -> None:
 
 async def test_controller_controls(live: Live) -> None:
     app = tui(live.client())
-    available = has_route(live.app, "/admin/controller")
     async with app.run_test(size=(80, 24)) as pilot:
         seen = record_notifications(app)
         await until(pilot, lambda: app.model.connection.link is Link.UP)
@@ -249,11 +244,8 @@ async def test_controller_controls(live: Live) -> None:
         await pilot.press("0", "enter")
         await until(pilot, lambda: any("must be >= 1" in s for s in seen))
         await pilot.press("backspace", "3", "enter")
-        if available:
-            await until(pilot, lambda: any("set mode manual, limit 3" in s for s in seen))
-            await until(pilot, lambda: live.svc.admission.snapshot().base_limit == 3)
-        else:
-            await until(pilot, lambda: any("not available on this daemon" in s for s in seen))
+        await until(pilot, lambda: any("set mode manual, limit 3" in s for s in seen))
+        await until(pilot, lambda: live.svc.admission.snapshot().base_limit == 3)
         await pilot.click("#mode-auto")
         await until(pilot, lambda: len(seen) >= 3)
         assert app.is_running
@@ -264,17 +256,9 @@ async def test_maintenance_and_benchmarks_screens(live: Live) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.model.connection.link is Link.UP)
         await pilot.press("j")
-        note = app.screen.query_one("#jobs-note")
-        if has_route(live.app, "/admin/jobs"):
-            await until(pilot, lambda: app.model.jobs is not None)
-        else:
-            await until(pilot, lambda: "not available on this daemon" in text(note))
+        await until(pilot, lambda: app.model.jobs is not None)
         await pilot.press("b")
-        note = app.screen.query_one("#bench-note")
-        if has_route(live.app, "/admin/benchmarks"):
-            await until(pilot, lambda: app.model.benchmarks is not None)
-        else:
-            await until(pilot, lambda: "not available on this daemon" in text(note))
+        await until(pilot, lambda: app.model.benchmarks is not None)
         await pilot.press("d")
         assert "READY" in text(app.screen.query_one("#engine-state"))
 

@@ -67,7 +67,9 @@ def test_share_over_the_cap_refuses_and_names_the_value_to_set(tmp_path: Path) -
 
 def test_the_default_share_is_worked_out_and_starts(tmp_path: Path) -> None:
     # gpu_memory_utilization null: the cap less the margin (0.75 of 80 GiB) fits.
-    run(make_config(tmp_path), gpu_box(memory_bytes=80 * GIB))
+    results = {r.name: r for r in run(make_config(tmp_path), gpu_box(memory_bytes=80 * GIB))}
+    assert results["memory_plan"].status == "pass"
+    assert "engine 60.0 GiB (cap 80%)" in results["memory_plan"].detail  # 0.75 of 80 GiB
 
 
 def test_cpu_kv_space_that_cannot_hold_max_model_len_refuses(tmp_path: Path) -> None:
