@@ -71,6 +71,12 @@ class EngineConfig(_Section):
     # the keys above that the appliance owns are refused there, naming engine.<field>.
     vllm: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def vllm_block_size(self) -> int | None:
+        """engine.vllm's block_size (either spelling), when it sets a whole number."""
+        value = self.vllm.get("block_size", self.vllm.get("block-size"))
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     @model_validator(mode="after")
     def _backoff_order(self) -> EngineConfig:
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:

@@ -514,11 +514,6 @@ def _min_cc(inv: Inventory) -> float | None:
     return cc[0] + cc[1] / 10 if cc else None
 
 
-def _configured_block_size(cfg: Config) -> int | None:
-    value = cfg.engine.vllm.get("block_size", cfg.engine.vllm.get("block-size"))
-    return int(value) if isinstance(value, int) else None
-
-
 def defaults_for_config(cfg: Config, spec: ModelSpec, inv: Inventory) -> EngineDefaults:
     """The block size and KV dtype the engine will start with here (as the adapter picks)."""
     return engine_defaults(
@@ -527,7 +522,7 @@ def defaults_for_config(cfg: Config, spec: ModelSpec, inv: Inventory) -> EngineD
         max_model_len=cfg.engine.max_model_len,
         is_mla=spec.is_mla,
         configured_kv_cache_dtype=cfg.engine.kv_cache_dtype,
-        configured_block_size=_configured_block_size(cfg),
+        configured_block_size=cfg.engine.vllm_block_size,
     )
 
 
@@ -578,7 +573,7 @@ def plan_for_config(
             usable_fraction=usable_fraction(cfg),
             gpu_memory_utilization=e.gpu_memory_utilization,
             tensor_parallel_size=e.tensor_parallel_size,
-            block_size=chosen.block_size or _configured_block_size(cfg),
+            block_size=chosen.block_size or cfg.engine.vllm_block_size,
             **common,
         )
     return estimate(

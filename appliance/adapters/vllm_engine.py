@@ -124,14 +124,13 @@ class VllmEngine:
         from appliance.model_info import load_model_spec
 
         major, minor = torch.cuda.get_device_capability(0)
-        block = self._cfg.engine.vllm.get("block_size", self._cfg.engine.vllm.get("block-size"))
         chosen = engine_defaults(
             device="cuda",
             compute_capability=major + minor / 10,
             max_model_len=self._cfg.engine.max_model_len,
             is_mla=load_model_spec(self._model_dir).is_mla,
             configured_kv_cache_dtype=self._cfg.engine.kv_cache_dtype,
-            configured_block_size=block,
+            configured_block_size=self._cfg.engine.vllm_block_size,
         )
         for reason in chosen.reasons:
             log.info("engine default", extra={"reason": reason})

@@ -46,13 +46,21 @@ def _request_types() -> dict[str, Any]:
     }
 
 
-# Pooling endpoints: the state attribute of vLLM's serving object (called as handler(req)).
-POOLING = {
-    "embeddings": "serving_embedding",
-    "pooling": "serving_pooling",
-    "classify": "serving_classification",
-    "score": "serving_scores",
-    "rerank": "serving_scores",
+# Pooling endpoints: vLLM's serving object is called itself and answers with a Response.
+POOLING = frozenset({"embeddings", "pooling", "classify", "score", "rerank"})
+
+# Endpoint -> (init_app_state's attribute, its method; None: the object is called).
+_SERVING: dict[str, tuple[str, str | None]] = {
+    "chat": ("openai_serving_chat", "create_chat_completion"),
+    "completion": ("openai_serving_completion", "create_completion"),
+    "responses": ("openai_serving_responses", "create_responses"),
+    "tokenize": ("serving_tokenization", "create_tokenize"),
+    "detokenize": ("serving_tokenization", "create_detokenize"),
+    "embeddings": ("serving_embedding", None),
+    "pooling": ("serving_pooling", None),
+    "classify": ("serving_classification", None),
+    "score": ("serving_scores", None),
+    "rerank": ("serving_scores", None),
 }
 
 
@@ -138,27 +146,12 @@ class VllmFrontend:
         return self._reply(endpoint, result)
 
     def _handler(self, endpoint: str) -> Callable[[Any], Any]:
-        s = self._state
-        if endpoint in POOLING:
-            pooler = getattr(s, POOLING[endpoint], None)
-            if pooler is None:
-                raise NotFound(f"the served model does not support the {endpoint} API")
-            return lambda r: pooler(r, None)
-        handlers = {
-            "chat": lambda r: s.openai_serving_chat.create_chat_completion(r, None),
-            "completion": lambda r: s.openai_serving_completion.create_completion(r, None),
-            "responses": lambda r: s.openai_serving_responses.create_responses(r, None),
-            "tokenize": lambda r: s.serving_tokenization.create_tokenize(r, None),
-            "detokenize": lambda r: s.serving_tokenization.create_detokenize(r, None),
-        }
-        owner = {
-            "chat": "openai_serving_chat",
-            "completion": "openai_serving_completion",
-            "responses": "openai_serving_responses",
-        }.get(endpoint)
-        if owner is not None and getattr(s, owner, None) is None:
+        owner, method = _SERVING[endpoint]
+        served = getattr(self._state, owner, None)
+        if served is None:
             raise NotFound(f"the served model does not support the {endpoint} API")
-        return handlers[endpoint]
+        call = served if method is None else getattr(served, method)
+        return lambda request: call(request, None)  # raw_request: none outside FastAPI
 
     def _reply(self, endpoint: str, result: Any) -> JsonReply | StreamReply:
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from appliance.api.keys import Services
 from appliance.api.validation import ParsedRequest
 from appliance.domain.engine_types import GenerationDelta, GenerationRequest
-from appliance.domain.request_scope import Outcome
+from appliance.domain.request_scope import DEADLINE_FINISH_REASON, Outcome
 
 
 async def generate(
@@ -35,7 +35,7 @@ async def generate(
             except StopAsyncIteration:
                 break
             except TimeoutError:
-                outcome.finish_reason = "deadline"
+                outcome.finish_reason = DEADLINE_FINISH_REASON
                 break
             outcome.tokens_out(delta.new_tokens, time.monotonic())
             if delta.text:

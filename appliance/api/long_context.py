@@ -25,7 +25,7 @@ from appliance.config import LongContextConfig
 from appliance.domain import chunking
 from appliance.domain.chunking import Stage, Strategy, Window
 from appliance.domain.engine_types import GenerationDelta
-from appliance.domain.request_scope import Outcome
+from appliance.domain.request_scope import DEADLINE_FINISH_REASON, Outcome
 from appliance.errors import BadRequest, BodyTooLarge
 
 _MODES = ("chunk", "error")
@@ -233,11 +233,11 @@ async def run_chunked(
     def stop_early(answer: str, passes: int) -> GenerationDelta:
         # The deadline came during an early pass: what is known so far is the answer.
         outcome.long_context = summary(passes)
-        outcome.finish_reason = "deadline"
+        outcome.finish_reason = DEADLINE_FINISH_REASON
         outcome.text.append(answer)
         if outcome.first_token_s is None:
             outcome.first_token_s = outcome.last_token_s = time.monotonic()
-        return GenerationDelta(text=answer, new_tokens=0, finish_reason="deadline")
+        return GenerationDelta(text=answer, new_tokens=0, finish_reason=DEADLINE_FINISH_REASON)
 
     try:
         if long.strategy is Strategy.REFINE:
@@ -251,7 +251,7 @@ async def run_chunked(
                     else chunking.refine_next(long.opening, answer, part(i), i + 1, n)
                 )
                 text, finish = await step(progress, content)
-                if finish == "deadline":
+                if finish == DEADLINE_FINISH_REASON:
                     yield stop_early(answer or text, i + 1)
                     return
                 answer = _fit(tok, text, long.intermediate_max_tokens)
@@ -268,7 +268,7 @@ async def run_chunked(
                 yield progress
                 content = chunking.map_part(long.opening, part(i), i + 1, n)
                 text, finish = await step(progress, content)
-                if finish == "deadline":
+                if finish == DEADLINE_FINISH_REASON:
                     answers.append(text)
                     yield stop_early("\n".join(a for a in answers if a), i + 1)
                     return

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from appliance.adapters.vllm_frontend import dumps, parse_request, request_fields
 from appliance.api import chunked
-from appliance.api.errors import error_body
+from appliance.api.errors import Handler, error_body
 from appliance.api.keys import SERVICES, Services
 from appliance.api.long_context import (
     LONG_CONTEXT,
@@ -142,9 +142,6 @@ async def list_models(request: web.Request) -> web.Response:
     _check_api_key(request, svc)
     frontend = svc.supervisor.frontend()
     return web.json_response(await frontend.models(), dumps=dumps)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _route(
