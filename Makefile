@@ -46,8 +46,10 @@ model: install
 serve: model
 	$(BIN)/appliance serve --config $(CONFIG)
 
+# lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]).
 lint: install
 	$(BIN)/ruff check appliance maintenance tui tests bench scripts
+	$(BIN)/lint-imports
 
 unit: install
 	$(BIN)/pytest -q tests/unit
@@ -60,6 +62,7 @@ tools:
 
 test: model tools
 	$(BIN)/ruff check appliance maintenance tui tests bench scripts
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -ra
 
 bench: model

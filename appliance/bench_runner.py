@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from appliance.client import AdminClient, AdminError, Token, aiter_sse
 from appliance.domain.analysis import (
     Knee,
     ScoreResult,
@@ -340,19 +341,17 @@ def _error_text(status: int, body: str) -> str:
     return f"HTTP {status}: {message or body[:200].strip() or 'no body'}"
 
 
-async def stream_chat(
-    session: aiohttp.ClientSession,
-    target: Target,
+def chat_body(
+    model: str,
     prompt: str,
     max_tokens: int,
-    kind: str = "chat",
     temperature: float = 0.8,
     seed: int | None = None,
     extra: dict[str, Any] | None = None,
-) -> RequestSample:
-    """Send one streamed chat completion; time its first and last content chunks."""
+) -> dict[str, Any]:
+    """A streamed chat completion that reports its usage at the end."""
     body: dict[str, Any] = {
-        "model": target.model,
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -365,12 +364,68 @@ async def stream_chat(
         body["seed"] = seed
     if extra:
         body.update(extra)
-    t0 = time.perf_counter()
+    return body
+
+
+@dataclass
+class _StreamTimes:
+    """What one stream's chunks showed: first and last content, chunk count, usage, error."""
+
+    t0: float
     first: float | None = None
     last: float | None = None
-    chunks = 0
+    chunks: int = 0
     usage: dict[str, Any] | None = None
     error: str | None = None
+
+    def take(self, chunk: Any, now: float) -> None:
+        """One decoded chunk, seen at `now`."""
+        if not isinstance(chunk, dict):
+            return
+        if "error" in chunk:
+            err = chunk["error"]
+            self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            return
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content") or choice.get("text"):
+                self.first = now if self.first is None else self.first
+                self.last = now
+                self.chunks += 1
+
+    def sample(self, kind: str, status: int, end: float) -> RequestSample:
+        """The request as a sample: ok when content came and nothing failed."""
+        usage = self.usage
+        tokens = int(usage.get("completion_tokens") or 0) if usage else self.chunks
+        prompt_tokens = int(usage["prompt_tokens"]) if usage and "prompt_tokens" in usage else None
+        error = self.error
+        if error is None and self.first is None:
+            error = "the stream carried no content"
+        ttft = self.first - self.t0 if self.first is not None else None
+        tpot = None
+        if self.first is not None and self.last is not None and tokens > 1:
+            tpot = (self.last - self.first) / (tokens - 1)
+        ok = error is None
+        return RequestSample(
+            ok, kind, status, error, prompt_tokens, tokens, ttft, tpot, end - self.t0, self.t0
+        )
+
+
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    target: Target,
+    prompt: str,
+    max_tokens: int,
+    kind: str = "chat",
+    temperature: float = 0.8,
+    seed: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> RequestSample:
+    """Send one streamed chat completion; time its first and last content chunks."""
+    body = chat_body(target.model, prompt, max_tokens, temperature, seed, extra)
+    times = _StreamTimes(time.perf_counter())
     status = 0
     try:
         async with session.post(
@@ -378,49 +433,15 @@ async def stream_chat(
         ) as resp:
             status = resp.status
             if status != 200:
-                text = await resp.text()
-                error = _error_text(status, text)
-                return RequestSample(
-                    False, kind, status, error, None, 0, None, None, time.perf_counter() - t0, t0
-                )
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+                times.error = _error_text(status, await resp.text())
+                return times.sample(kind, status, time.perf_counter())
+            async for event in aiter_sse(resp.content):
+                if event.done:
                     break
-                obj = json.loads(data)
-                if "error" in obj:
-                    err = obj["error"]
-                    error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                    continue
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                for choice in obj.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content") or choice.get("text") or ""
-                    if text:
-                        now = time.perf_counter()
-                        if first is None:
-                            first = now
-                        last = now
-                        chunks += 1
+                times.take(event.json(), time.perf_counter())
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    end = time.perf_counter()
-    tokens = int(usage.get("completion_tokens") or 0) if usage else chunks
-    prompt_tokens = int(usage["prompt_tokens"]) if usage and "prompt_tokens" in usage else None
-    ok = error is None and first is not None
-    if error is None and first is None:
-        error = "the stream carried no content"
-    ttft = first - t0 if first is not None else None
-    tpot = (
-        (last - first) / (tokens - 1)
-        if first is not None and last is not None and tokens > 1
-        else None
-    )
-    return RequestSample(ok, kind, status, error, prompt_tokens, tokens, ttft, tpot, end - t0, t0)
+        times.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return times.sample(kind, status, time.perf_counter())
 
 
 async def _prompt_tokens(session: aiohttp.ClientSession, target: Target, prompt: str) -> int | None:
@@ -549,33 +570,25 @@ def parse_status(doc: dict[str, Any]) -> _Reading:
 
 
 class _TelemetryPoller:
-    """Polls GET /admin/status while a level runs; switches itself off on 401/404."""
+    """Polls GET /admin/status while a level runs; switches itself off when a call fails."""
 
-    def __init__(
-        self, session: aiohttp.ClientSession, url: str, token: str | None, interval_s: float
-    ) -> None:
-        self._session = session
-        self._url = url + "/admin/status"
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+    def __init__(self, admin: AdminClient | None, interval_s: float) -> None:
+        self._admin = admin
         self._interval_s = interval_s
-        self.enabled = token is not None
-        self.note: str | None = None if token else "telemetry: no admin token, none collected"
+        self.enabled = admin is not None
+        self.note: str | None = None if admin else "telemetry: no admin token, none collected"
         self._readings: list[_Reading] = []
         self._task: asyncio.Task[None] | None = None
 
     async def read_once(self) -> None:
-        if not self.enabled:
+        if not self.enabled or self._admin is None:
             return
         try:
-            async with self._session.get(self._url, headers=self._headers) as resp:
-                if resp.status != 200:
-                    self.enabled = False
-                    self.note = f"telemetry: GET /admin/status answered {resp.status}; off"
-                    return
-                doc = await resp.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            doc = await self._admin.status()
+        except AdminError as exc:
+            # Any OpenAI endpoint may be benchmarked: one without the admin API is no error.
             self.enabled = False
-            self.note = f"telemetry: GET /admin/status failed ({type(exc).__name__}); off"
+            self.note = f"telemetry: off, {exc.message}"
             return
         self._readings.append(parse_status(doc))
 
@@ -677,6 +690,7 @@ class BenchRunner:
         self._progress = progress
         self._session: aiohttp.ClientSession | None = None
         self.target: Target | None = None
+        self._admin: AdminClient | None = None
         self._poller: _TelemetryPoller | None = None
         self._levels_total = len(settings.concurrency)
         self._level_index = 0
@@ -697,12 +711,15 @@ class BenchRunner:
         except BaseException:
             await self._session.close()
             raise
-        self._poller = _TelemetryPoller(
-            self._session, self.target.url, s.admin_token, s.telemetry_interval_s
-        )
+        if s.admin_token:
+            token = Token(s.admin_token, "the admin token given to the bench")
+            self._admin = AdminClient(self.target.url, token)
+        self._poller = _TelemetryPoller(self._admin, s.telemetry_interval_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._admin is not None:
+            await self._admin.close()
         if self._session is not None:
             await self._session.close()
 

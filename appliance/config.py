@@ -7,24 +7,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from appliance.config_section import (
+    CrossFieldError,
+    Section,
+    SectionProblems,
+    key_path,
+    policy_problems,
+)
 from appliance.domain.analysis import ScoreWeights
 from appliance.domain.controller import ControllerConfig
+from appliance.domain.limits import CONCURRENCY_LIMIT_MAX, CONCURRENCY_LIMIT_MIN, InvariantError
 from appliance.errors import ConfigError
+from appliance.maintenance_config import MaintenanceConfig
 from appliance.telemetry_config import TelemetryConfig, ThermalConfig
-from maintenance.config import MaintenanceConfig
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DIRNAME = "SmolLM2-135M-Instruct"
 SYSTEM_CONFIG_PATH = Path("/etc/appliance/config.yaml")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerConfig(_Section):
+class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(1_048_576, ge=1024, le=256 * 1_048_576)
@@ -34,11 +38,13 @@ class ServerConfig(_Section):
     admin_token_file: str = "admin.token"
 
 
-class EngineConfig(_Section):
+class EngineConfig(Section):
     model: str = DEFAULT_MODEL
     served_model_name: str | None = None
     max_model_len: int = Field(2048, ge=64, le=1_048_576)
-    max_num_seqs: int = Field(64, ge=1, le=4096)
+    # A concurrency limit like any other: it is the controller's ceiling when
+    # controller.max_limit is null.
+    max_num_seqs: int = Field(64, ge=CONCURRENCY_LIMIT_MIN, le=CONCURRENCY_LIMIT_MAX)
     max_num_batched_tokens: int | None = Field(None, ge=64)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     # auto: fp8 on GPUs with compute capability >= 8.9, else the model's dtype
@@ -87,13 +93,13 @@ class EngineConfig(_Section):
         return self
 
 
-class LaneConfig(_Section):
+class LaneConfig(Section):
     realtime: int = Field(64, ge=0, le=100_000)
     interactive: int = Field(256, ge=0, le=100_000)
     batch: int = Field(1024, ge=0, le=100_000)
 
 
-class LaneDeadlines(_Section):
+class LaneDeadlines(Section):
     """Default deadline per lane (ms) for requests that send no deadline_ms; None: none."""
 
     realtime: int | None = Field(500, ge=1, le=3_600_000)
@@ -105,10 +111,10 @@ class LaneDeadlines(_Section):
         return getattr(self, lane)
 
 
-class AdmissionConfig(_Section):
+class AdmissionConfig(Section):
     # None: engine.max_num_seqs (the engine cannot run more anyway); resolve it with
     # Config.concurrency_limit().
-    concurrency_limit: int | None = Field(None, ge=1, le=4096)
+    concurrency_limit: int | None = Field(None, ge=CONCURRENCY_LIMIT_MIN, le=CONCURRENCY_LIMIT_MAX)
     max_queue_wait_s: float = Field(60.0, gt=0, le=3600)
     queue_capacity: LaneConfig = LaneConfig()
     # Share of the limit only realtime requests may use, so a batch flood cannot take it all.
@@ -117,7 +123,7 @@ class AdmissionConfig(_Section):
     lane_deadline_ms: LaneDeadlines = LaneDeadlines()
 
 
-class LongContextConfig(_Section):
+class LongContextConfig(Section):
     """Prompts longer than the context: refuse (error) or read them in chunks."""
 
     # error: 400 context_length_exceeded unless the request says long_context: "chunk".
@@ -143,49 +149,43 @@ class LongContextConfig(_Section):
         return self
 
 
-class SloConfig(_Section):
+class SloConfig(Section):
     """Latency objectives: what the controller steers to and the alerts measure against."""
 
-    ttft_p99_s: float = Field(5.0, gt=0, le=600)
-    tpot_p99_s: float = Field(0.5, gt=0, le=60)
+    # Their range is the controller policy's (appliance.domain.limits.SLO_MIN_S..SLO_MAX_S),
+    # checked when Config builds the policy (Config._controller_policy).
+    ttft_p99_s: float = 5.0
+    tpot_p99_s: float = 0.5
 
 
-class CrossFieldError(ValueError):
-    """Problems that name keys of more than one section, each as (key, message)."""
-
-    def __init__(self, problems: list[tuple[str, str]]):
-        self.problems = problems
-        super().__init__("; ".join(f"{key}: {msg}" for key, msg in problems))
-
-
-class ControllerSettings(_Section):
+class ControllerSettings(Section):
     """The batch controller: auto steers the limit to the SLO; manual holds `limit`."""
 
+    # What the policy needs of these numbers (the limit range, positive periods, ratios in
+    # (0, 1]...) is the policy's own (ControllerConfig), checked once Config has the slo and
+    # engine sections too (Config._controller_policy); the ceilings here only catch a typo.
     mode: Literal["auto", "manual"] = "auto"
-    min_limit: int = Field(1, ge=1, le=4096)
+    min_limit: int = 1
     # None: engine.max_num_seqs (the engine cannot run more anyway).
-    max_limit: int | None = Field(None, ge=1, le=4096)
-    tick_s: float = Field(2.0, gt=0, le=3600)
-    window_s: float = Field(30.0, gt=0, le=86400)
-    min_samples: int = Field(8, ge=1, le=100_000)
-    kv_high_ratio: float = Field(0.9, gt=0, le=1)
-    decrease_factor: float = Field(0.75, gt=0, lt=1)
-    increase_step: int = Field(1, ge=1, le=1024)
+    max_limit: int | None = None
+    tick_s: float = Field(2.0, le=3600)
+    window_s: float = Field(30.0, le=86400)
+    min_samples: int = Field(8, le=100_000)
+    kv_high_ratio: float = 0.9
+    decrease_factor: float = 0.75
+    increase_step: int = Field(1, le=1024)
     # auto: the load predictor's forecast may raise the limit ahead of a burst (the LSTM
     # where it beat the EWMA baseline on this box's own history, else the EWMA); off: never.
     forecast: Literal["off", "auto"] = "auto"
     forecast_horizon_s: float = Field(30.0, gt=0, le=3600)
 
     def to_policy(self, slo: SloConfig, max_num_seqs: int) -> ControllerConfig:
-        """The pure policy's frozen config."""
-        max_limit = self.max_limit or max_num_seqs
-        if max_limit < self.min_limit:
-            raise ValueError(f"controller.max_limit {max_limit} < min_limit {self.min_limit}")
+        """The pure policy's frozen config; InvariantError when the numbers break its limits."""
         return ControllerConfig(
             slo_ttft_p99_s=slo.ttft_p99_s,
             slo_tpot_p99_s=slo.tpot_p99_s,
             min_limit=self.min_limit,
-            max_limit=max_limit,
+            max_limit=max_num_seqs if self.max_limit is None else self.max_limit,
             tick_s=self.tick_s,
             window_s=self.window_s,
             min_samples=self.min_samples,
@@ -196,79 +196,93 @@ class ControllerSettings(_Section):
         )
 
 
-class ScoreWeightsConfig(_Section):
+class ScoreWeightsConfig(Section):
     """Weights of the benchmark's score (normalised, so they need not sum to 1)."""
 
-    latency: float = Field(0.4, ge=0, le=100)
-    throughput: float = Field(0.3, ge=0, le=100)
-    utilisation: float = Field(0.2, ge=0, le=100)
-    energy: float = Field(0.1, ge=0, le=100)
+    # >= 0 and at least one > 0 is the score's own rule (ScoreWeights); 100 catches a typo.
+    latency: float = Field(0.4, le=100)
+    throughput: float = Field(0.3, le=100)
+    utilisation: float = Field(0.2, le=100)
+    energy: float = Field(0.1, le=100)
 
     @model_validator(mode="after")
-    def _some_weight(self) -> ScoreWeightsConfig:
-        if self.latency + self.throughput + self.utilisation + self.energy <= 0:
-            raise ValueError("at least one weight must be > 0")
+    def _valid_weights(self) -> ScoreWeightsConfig:
+        try:
+            self.to_policy()
+        except InvariantError as exc:
+            # The score names its fields weights.<name>, and the rule on all of them weights.
+            key_of = {f"weights.{name}": name for name in type(self).model_fields}
+            raise SectionProblems(policy_problems(exc, {**key_of, "weights": ""})) from None
         return self
 
     def to_policy(self) -> ScoreWeights:
+        """The score's frozen weights."""
         return ScoreWeights(self.latency, self.throughput, self.utilisation, self.energy)
 
 
-class BenchConfig(_Section):
+class BenchConfig(Section):
     weights: ScoreWeightsConfig = ScoreWeightsConfig()
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
 
 
-class Config(_Section):
+class Config(Section):
     state_dir: Path = Path("./state")
     server: ServerConfig = ServerConfig()
     engine: EngineConfig = EngineConfig()
-    admission: AdmissionConfig = AdmissionConfig()
+    # Checked against engine (and slo) even when absent: a default may break a rule with them.
+    admission: AdmissionConfig = Field(AdmissionConfig(), validate_default=True)
     long_context: LongContextConfig = LongContextConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     thermal: ThermalConfig = ThermalConfig()
     slo: SloConfig = SloConfig()
-    controller: ControllerSettings = ControllerSettings()
+    controller: ControllerSettings = Field(ControllerSettings(), validate_default=True)
     maintenance: MaintenanceConfig = MaintenanceConfig()
     bench: BenchConfig = BenchConfig()
     logging: LoggingConfig = LoggingConfig()
 
-    @model_validator(mode="after")
-    def _cross_field_limits(self) -> Config:
-        problems: list[tuple[str, str]] = []
-        seqs = self.engine.max_num_seqs
-        limit = self.admission.concurrency_limit
-        if limit is not None and limit > seqs:
-            problems.append(
-                (
-                    "admission.concurrency_limit",
-                    f"{limit} is above engine.max_num_seqs ({seqs}): the engine cannot run "
-                    "more; raise engine.max_num_seqs or use null (= engine.max_num_seqs)",
-                )
+    # Rules across sections are field validators of the later section, not one model
+    # validator: pydantic runs those even when another section failed, so a file's problems
+    # are all reported at once. A section that failed itself is missing from info.data.
+
+    @field_validator("admission")
+    @classmethod
+    def _admission_within_engine(
+        cls, admission: AdmissionConfig, info: ValidationInfo
+    ) -> AdmissionConfig:
+        engine: EngineConfig | None = info.data.get("engine")
+        limit = admission.concurrency_limit
+        if engine is not None and limit is not None and limit > engine.max_num_seqs:
+            raise CrossFieldError(
+                [
+                    (
+                        "admission.concurrency_limit",
+                        f"{limit} is above engine.max_num_seqs ({engine.max_num_seqs}): the "
+                        "engine cannot run more; raise engine.max_num_seqs or use null "
+                        "(= engine.max_num_seqs)",
+                    )
+                ]
             )
-        ctl = self.controller
-        if ctl.max_limit is not None and ctl.min_limit > ctl.max_limit:
-            problems.append(
-                (
-                    "controller.min_limit",
-                    f"{ctl.min_limit} is above controller.max_limit ({ctl.max_limit})",
-                )
-            )
-        elif ctl.max_limit is None and ctl.min_limit > seqs:
-            problems.append(
-                (
-                    "controller.min_limit",
-                    f"{ctl.min_limit} is above engine.max_num_seqs ({seqs}), which is "
-                    "controller.max_limit when that is null",
-                )
-            )
-        if problems:
-            raise CrossFieldError(problems)
-        return self
+        return admission
+
+    @field_validator("controller")
+    @classmethod
+    def _controller_policy(
+        cls, ctl: ControllerSettings, info: ValidationInfo
+    ) -> ControllerSettings:
+        """Build the controller's policy: its limits, named by the keys that set them."""
+        slo: SloConfig | None = info.data.get("slo")
+        engine: EngineConfig | None = info.data.get("engine")
+        if slo is None or engine is None:
+            return ctl  # their own problems are reported; the policy waits for a clean file
+        try:
+            ctl.to_policy(slo, engine.max_num_seqs)
+        except InvariantError as exc:
+            raise CrossFieldError(_controller_problems(exc, ctl)) from None
+        return ctl
 
     def concurrency_limit(self) -> int:
         """admission.concurrency_limit, or engine.max_num_seqs when that is None."""
@@ -283,8 +297,26 @@ class Config(_Section):
         return self.model_copy(update={"server": self.server.model_copy(update=changes)})
 
 
-def _key_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "<root>"
+def _controller_problems(exc: InvariantError, ctl: ControllerSettings) -> list[tuple[str, str]]:
+    """The controller policy's problems under the yaml keys that set each of its fields."""
+    key_of = {name: f"controller.{name}" for name in ControllerSettings.model_fields}
+    key_of |= {
+        "slo_ttft_p99_s": "slo.ttft_p99_s",
+        "slo_tpot_p99_s": "slo.tpot_p99_s",
+        # Derived from kv_high_ratio (at most 0.8 of it): that is the key to change.
+        "kv_probe_max_ratio": "controller.kv_high_ratio",
+    }
+    if ctl.max_limit is None:
+        key_of["max_limit"] = "engine.max_num_seqs"
+    problems = policy_problems(exc, key_of)
+    if ctl.max_limit is not None:
+        return problems
+    # Say why engine.max_num_seqs answers for a limit of the controller's.
+    note = " (the controller's ceiling while controller.max_limit is null)"
+    return [
+        (key, msg + note if p.field == "max_limit" else msg)
+        for (key, msg), p in zip(problems, exc.problems, strict=True)
+    ]
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
@@ -298,11 +330,11 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            cross = err.get("ctx", {}).get("error")
-            if isinstance(cross, CrossFieldError):
-                problems.extend(cross.problems)
+            keyed = err.get("ctx", {}).get("error")
+            if isinstance(keyed, SectionProblems):
+                problems.extend(keyed.keyed(err["loc"]))
                 continue
-            key = _key_path(err["loc"])
+            key = key_path(err["loc"])
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append((key, msg))
         raise ConfigError(source, problems) from None

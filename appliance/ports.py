@@ -1,7 +1,8 @@
-"""Ports owned by the consumers: the engine and its tokenizer."""
+"""Ports owned by the consumers: the engine, its tokenizer, the scheduler, GPU faults."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -67,3 +68,44 @@ class Engine(Protocol):
 
 
 EngineFactory = Callable[[], Engine]
+
+
+class Maintenance(Protocol):
+    """Maintenance as the admin API and the lifecycle see it (maintenance/jobs.py)."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def is_running(self, name: str) -> bool: ...
+
+    def jobs_info(self) -> list[dict[str, Any]]: ...
+
+    def spawn(self, name: str, trigger: str = "manual") -> asyncio.Task[str]: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def restore(self) -> None:
+        """Put back in force what earlier runs decided (thresholds, ceiling)."""
+
+    def rollback_thresholds(self) -> dict[str, Any] | None:
+        """Re-activate the threshold set before the active one; None when there is none."""
+
+
+class FaultInjector(Protocol):
+    """Simulated-GPU faults, for drills and tests (adapters/simgpu.py)."""
+
+    def set_fault(
+        self,
+        name: str,
+        gpu: int | None = None,
+        *,
+        delta_c: float = 10.0,
+        factor: float = 2.0,
+        duration_s: float | None = None,
+    ) -> None: ...
+
+    def clear_faults(self, name: str | None = None, gpu: int | None = None) -> int: ...
+
+    def active_faults(self) -> list[dict[str, Any]]: ...

@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from appliance.adapters.nvml_inventory import GpuFacts, Inventory, read_inventory
+from appliance.adapters.nvml import GpuFacts, Inventory, read_inventory
+from appliance.adapters.tokenizer_load import load_vocab
+from appliance.adapters.torch_probe import TorchCuda, torch_cuda_facts
 from appliance.config import Config, resolve_model_dir
 from appliance.domain.engine_defaults import EngineDefaults, engine_defaults
 from appliance.domain.estimator import (
@@ -65,43 +67,11 @@ def package_version(dist: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class TorchCuda:
-    """What torch says about CUDA: its runtime version, whether a GPU is usable, cuDNN."""
-
-    cuda_runtime: str | None
-    cuda_available: bool
-    cudnn_version: int | None
-
-
-def torch_cuda_facts() -> TorchCuda | None:
-    """Ask torch (imported lazily; only worth it on a GPU machine); None if torch is missing."""
-    try:
-        import torch
-    except Exception:  # a broken torch install is reported by the torch version check
-        return None
-    available = bool(torch.cuda.is_available())
-    cudnn = torch.backends.cudnn.version() if available else None
-    return TorchCuda(torch.version.cuda, available, cudnn)
-
-
 def load_tokenizer(model_dir: Path) -> str:
     """Load the folder's tokenizer offline, as the daemon will; a summary, or raise."""
-    tokenizer_json = model_dir / "tokenizer.json"
-    if tokenizer_json.is_file():
-        # The fast tokenizer AutoTokenizer wraps, parsed by the same Rust library in ~0.1 s;
-        # AutoTokenizer itself first imports torch and transformers (~3 s on 2 cores).
-        from tokenizers import Tokenizer
-
-        vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
-        kind = "tokenizer.json"
-    else:
-        from transformers import AutoTokenizer
-
-        vocab = len(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
-        kind = "AutoTokenizer"
+    vocab = load_vocab(model_dir)
     template = "chat template" if has_chat_template(model_dir) else NO_CHAT_TEMPLATE
-    return f"{kind}, {vocab} tokens, {template}"
+    return f"{vocab.loader}, {vocab.size} tokens, {template}"
 
 
 # A base or pooling model has none: vLLM serves completions and pooling without it, and

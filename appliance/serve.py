@@ -10,10 +10,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from appliance.adapters.nvml_inventory import Inventory, read_inventory
-from appliance.api.app import FATAL, build_app
+from appliance.adapters.nvml import Inventory, read_inventory
 from appliance.api.keys import SERVICES
 from appliance.config import DEFAULT_MODEL, Config, resolve_model_dir
+from appliance.daemon.app import build_app
+from appliance.daemon.lifecycle import FATAL
 from appliance.domain.estimator import EstimateInputError, ModelConfigError
 from appliance.errors import EngineStartError
 from appliance.ports import Tokenizer
@@ -107,9 +108,8 @@ async def run_daemon(cfg: Config) -> int:
     _ensure_model(cfg)
     prechecks = await asyncio.to_thread(preflight, cfg)
     tokenizer = await asyncio.to_thread(_load_tokenizer, resolve_model_dir(cfg))
-    app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer)
+    app = build_app(cfg, lambda: VllmEngine(cfg), tokenizer, prechecks=prechecks)
     svc = app[SERVICES]
-    svc.prechecks = prechecks
     notifier = SdNotifier.from_env()
     svc.events.add_sink(lambda ev: _to_systemd(notifier, ev))
     # Pings come from the event loop itself: a stalled loop stops them and systemd restarts us.

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from appliance.config_section import Section, SectionProblems, policy_problems
+from appliance.domain.limits import InvariantError
 from appliance.domain.thermal import ThermalPolicyConfig
 
 FaultName = Literal["hot_room", "failed_fan", "lost_gpu", "hbm_hot"]
 FAULT_NAMES: tuple[str, ...] = ("hot_room", "failed_fan", "lost_gpu", "hbm_hot")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SimFaultConfig(_Section):
+class SimFaultConfig(Section):
     """One scripted fault of the simulated GPU(s)."""
 
     # hot_room: ambient + delta_c; failed_fan: thermal resistance x factor;
@@ -29,7 +27,7 @@ class SimFaultConfig(_Section):
     factor: float = Field(2.0, ge=1, le=20)
 
 
-class SimConfig(_Section):
+class SimConfig(Section):
     """First-order thermal model: dT/dt = (ambient + R * P - T) / tau."""
 
     gpu_count: int = Field(1, ge=1, le=64)
@@ -63,7 +61,7 @@ class SimConfig(_Section):
         return self
 
 
-class ReplayConfig(_Section):
+class ReplayConfig(Section):
     """A recorded `nvidia-smi --query-gpu=... --format=csv` trace."""
 
     path: str | None = None
@@ -73,7 +71,7 @@ class ReplayConfig(_Section):
     loop: bool = True
 
 
-class TelemetryConfig(_Section):
+class TelemetryConfig(Section):
     """Where GPU samples come from and how often."""
 
     # auto: NVML when it initialises and sees a GPU, else the simulator.
@@ -95,19 +93,31 @@ class TelemetryConfig(_Section):
 _D = ThermalPolicyConfig()
 
 
-class ThermalConfig(_Section):
+class ThermalConfig(Section):
     """Thermal derating thresholds; `to_policy()` gives the pure policy's config."""
 
+    # What the policy needs of these numbers (factors in (0, 1], positive hysteresis and
+    # intervals...) is the policy's own (ThermalPolicyConfig), checked by _valid_policy; the
+    # bounds here are what a config file may say on top (a sane temperature, at most a day).
     derate_core_c: float = Field(_D.derate_core_c, ge=30, le=130)
     protect_mem_c: float = Field(_D.protect_mem_c, ge=30, le=150)
-    protect_slowdown_margin_c: float = Field(_D.protect_slowdown_margin_c, ge=0, le=50)
-    hysteresis_c: float = Field(_D.hysteresis_c, gt=0, le=30)
-    dwell_s: float = Field(_D.dwell_s, ge=0, le=86400)
-    step_factor: float = Field(_D.step_factor, gt=0, lt=1)
-    floor_factor: float = Field(_D.floor_factor, gt=0, le=1)
-    step_interval_s: float = Field(_D.step_interval_s, gt=0, le=86400)
+    protect_slowdown_margin_c: float = Field(_D.protect_slowdown_margin_c, le=50)
+    hysteresis_c: float = Field(_D.hysteresis_c, le=30)
+    dwell_s: float = Field(_D.dwell_s, le=86400)
+    step_factor: float = _D.step_factor
+    floor_factor: float = _D.floor_factor
+    step_interval_s: float = Field(_D.step_interval_s, le=86400)
     # Additive recovery per dwell_s (cuts are multiplicative): see appliance.domain.thermal.
-    recover_step: float = Field(_D.recover_step, gt=0, le=1)
+    recover_step: float = _D.recover_step
+
+    @model_validator(mode="after")
+    def _valid_policy(self) -> ThermalConfig:
+        try:
+            self.to_policy()
+        except InvariantError as exc:
+            # The policy's fields are this section's keys, one for one.
+            raise SectionProblems(policy_problems(exc, {})) from None
+        return self
 
     def to_policy(self) -> ThermalPolicyConfig:
         """The same numbers as the pure policy's frozen dataclass."""

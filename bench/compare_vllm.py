@@ -50,6 +50,7 @@ from bench.report import (  # noqa: E402
     git_rev,
     machine,
     shipped_appliance_config,
+    vllm_version,
     write_json,
     write_section,
 )
@@ -395,39 +396,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    plan = {"levels": args.levels, "rounds": args.rounds, "quick": args.quick}
-    plan["warmups"] = 1 if args.quick else 2
-
-    import vllm
-
-    from appliance.config import parse_config, served_model_name
-    from appliance.model_prep import prepare_default_model
-
-    model_dir = prepare_default_model(MODEL_DIR)
-    # What the shipped config resolves to (KV budget, served name, engine settings).
-    shipped = parse_config(
-        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
-    )
+def run_meta(
+    args: argparse.Namespace, plan: dict[str, Any], shipped: Any, model_dir: Path, model_name: str
+) -> dict[str, Any]:
+    """What the report says about the run: command, machine, versions, both servers' setup."""
     kv_gib = float(shipped.engine.kv_cache_space_gib)
-    model_name = served_model_name(shipped)
     vcmd, venv = vllm_defaults_command(model_dir, 0, kv_gib, model_name)
     kv_env = venv.get("VLLM_CPU_KVCACHE_SPACE")
     vllm_cmd = ("VLLM_CPU_KVCACHE_SPACE=" + kv_env + " " if kv_env else "") + shlex.join(
         ["python", *vcmd[1:]]
     ).replace(str(model_dir), "DIR").replace("--port 0", "--port P")
-
     command = "python bench/compare_vllm.py " + " ".join(
         (["--quick"] if args.quick else [])
         + ["--concurrency", ",".join(map(str, args.levels)), "--rounds", str(args.rounds)]
     )
-    meta: dict[str, Any] = {
+    return {
         "date": time.strftime("%Y-%m-%d"),
         "command": command,
         "git": git_rev(),
         "machine": machine(),
-        "vllm": vllm.__version__,
+        "vllm": vllm_version(),
         "model": model_name,
         "model_dir": str(model_dir),
         "rounds": args.rounds,
@@ -455,6 +443,24 @@ def main(argv: list[str] | None = None) -> int:
         "appliance_controller": shipped.controller.mode,
         "vllm_command": vllm_cmd,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = {"levels": args.levels, "rounds": args.rounds, "quick": args.quick}
+    plan["warmups"] = 1 if args.quick else 2
+
+    from appliance.config import parse_config, served_model_name
+    from appliance.model_prep import prepare_default_model
+
+    model_dir = prepare_default_model(MODEL_DIR)
+    # What the shipped config resolves to (KV budget, served name, engine settings).
+    shipped = parse_config(
+        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
+    )
+    kv_gib = float(shipped.engine.kv_cache_space_gib)
+    model_name = served_model_name(shipped)
+    meta = run_meta(args, plan, shipped, model_dir, model_name)
     results: dict[str, list[dict[str, Any]]] = {"appliance": [], "vllm": []}
 
     def save(complete: bool) -> dict[str, Any]:

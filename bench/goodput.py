@@ -57,6 +57,12 @@ from appliance.bench_runner import (  # noqa: E402
     run_sweep,
     stream_chat,
 )
+from appliance.client import (  # noqa: E402
+    AdminClient,
+    AdminError,
+    DaemonAddress,
+    find_daemon,
+)
 from appliance.domain.analysis import Slo, SweepPoint  # noqa: E402
 from appliance.domain.latency_window import percentile  # noqa: E402
 from bench.report import write_section  # noqa: E402
@@ -227,36 +233,34 @@ async def open_loop(
 # -- talking to the daemon --------------------------------------------------------------------
 
 
-class Daemon:
-    """Admin calls on one daemon (bearer token), used to switch arms and wait for idle."""
+def _load_session() -> aiohttp.ClientSession:
+    """The load's session: no total timeout (the drain bounds it), no connection cap."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None) -> None:
-        self.session = session
-        self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+class Daemon:
+    """The admin calls goodput makes on one daemon: switch arms, wait for idle; never raises."""
+
+    def __init__(self, admin: AdminClient) -> None:
+        self.admin = admin
 
     async def status(self) -> dict[str, Any] | None:
         """GET /admin/status, or None without a token or on any error."""
-        if not self.headers:
+        if self.admin.token.value is None:
             return None
         try:
-            async with self.session.get(self.url + "/admin/status", headers=self.headers) as r:
-                return await r.json() if r.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return await self.admin.status()
+        except AdminError:
             return None
 
     async def set_controller(self, body: dict[str, Any]) -> tuple[bool, str]:
         """PUT /admin/controller; (applied, what happened)."""
         try:
-            async with self.session.put(
-                self.url + "/admin/controller", json=body, headers=self.headers
-            ) as r:
-                text = await r.text()
-                if r.status in (200, 202, 204):
-                    return True, f"PUT /admin/controller {json.dumps(body)}: {r.status}"
-                return False, f"PUT /admin/controller answered {r.status}: {text[:200]}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return False, f"PUT /admin/controller failed: {type(exc).__name__}: {exc}"
+            await self.admin.put("/admin/controller", body)
+        except AdminError as exc:
+            return False, f"PUT /admin/controller failed: {exc.message}"
+        return True, f"PUT /admin/controller {json.dumps(body)}: applied"
 
     async def wait_idle(self, timeout_s: float = 120.0) -> None:
         """Until nothing runs or waits (or a fixed pause when status is not readable)."""
@@ -347,7 +351,7 @@ async def capacity_sweep(url: str, plan: Plan, token: str | None) -> tuple[Sweep
 
 
 async def run_against_url(
-    url: str, token: str | None, plan: Plan, controller_body: dict[str, Any], log: Any = print
+    address: DaemonAddress, plan: Plan, controller_body: dict[str, Any], log: Any = print
 ) -> dict[str, Any]:
     """All arms on one running daemon, switched through PUT /admin/controller.
 
@@ -355,11 +359,9 @@ async def run_against_url(
     """
     notes: list[str] = []
     results: list[RunResult] = []
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-    ) as session:
-        daemon = Daemon(session, url, token)
+    url, token = address.url, address.token.value
+    async with _load_session() as session, AdminClient.at(address) as admin:
+        daemon = Daemon(admin)
         snap = await daemon.status() or {}
         original_limit = (snap.get("admission") or {}).get("base_limit")
         ctl = snap.get("controller") or {}
@@ -471,13 +473,11 @@ async def run_with_start(
                 cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
             log(f"starting the daemon for the {arm} arm ...")
             server = start_appliance(cfg, Path(tmp) / arm)
-            token = (Path(tmp) / arm / "admin.token").read_text().strip()
+            address = server.admin_address()
+            token = address.token.value
             try:
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-                async with aiohttp.ClientSession(
-                    timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-                ) as session:
-                    daemon = Daemon(session, server.url, token)
+                async with _load_session() as session, AdminClient.at(address) as admin:
+                    daemon = Daemon(admin)
                     if arm == "unbounded":
                         log("closed-loop sweep for the capacity and the best static limit ...")
                         static, why = await capacity_sweep(server.url, plan, token)
@@ -586,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running daemon")
     where.add_argument("--start", action="store_true", help="start a daemon per arm")
-    p.add_argument("--token-file", help="admin token of the --url daemon")
+    p.add_argument("--token-file", help="admin token of the --url daemon (default: its config)")
+    p.add_argument("--config", help="the --url daemon's config, for its admin token")
     p.add_argument("--rates", default="1.5,2,3", help="load as multiples of capacity")
     p.add_argument("--arrivals", default="poisson,bursty")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
@@ -622,8 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     controller_body = json.loads(args.controller_body)
     if args.url:
-        token = Path(args.token_file).read_text().strip() if args.token_file else None
-        doc = asyncio.run(run_against_url(args.url, token, plan, controller_body))
+        address = find_daemon(args.config, args.url, args.token_file)
+        doc = asyncio.run(run_against_url(address, plan, controller_body))
     else:
         doc = asyncio.run(run_with_start(plan, controller_body, json.loads(args.config_json)))
     text = render_markdown(doc)

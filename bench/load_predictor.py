@@ -51,6 +51,10 @@ from appliance.predict.traces import read_rows, write_rows  # noqa: E402
 TRACE_DIR = ROOT / "tests" / "data" / "traces"
 # Not the seed the model settings were tried on (1), so the table is not tuned to its traces.
 TRACE_SEED = 7
+# Target for the median LSTM predict() (one window, one torch thread): far below a controller
+# tick, so refreshing the forecast costs the daemon nothing visible. A timing target belongs
+# here, read on a quiet machine, not in a unit test that a loaded machine would fail.
+PREDICT_BUDGET_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,16 @@ def forecast_latency_ms(path: Path, model: LstmForecaster, calls: int = 200) -> 
     return statistics.median(samples), samples[int(0.99 * (len(samples) - 1))]
 
 
+def budget_line(outcomes: Sequence[TraceOutcome]) -> str:
+    """The slowest trace's median LSTM predict() against PREDICT_BUDGET_MS."""
+    worst = max(outcomes, key=lambda o: o.lstm.predict_ms)
+    verdict = "within" if worst.lstm.predict_ms < PREDICT_BUDGET_MS else "OVER"
+    return (
+        f"LSTM predict(): median {worst.lstm.predict_ms:.3f} ms on the slowest trace "
+        f"({worst.trace}), {verdict} the {PREDICT_BUDGET_MS:g} ms budget"
+    )
+
+
 def _lead(r: EvalResult) -> str:
     return "-" if r.median_lead_s is None else f"{r.median_lead_s:+.1f}"
 
@@ -197,9 +211,6 @@ def markdown(
     wall_s: float,
 ) -> str:
     """docs/load-predictor.md."""
-    eng = EngineModel()
-    enabled = [o.trace for o in outcomes if o.enabled]
-    disabled = [o for o in outcomes if not o.enabled]
     out = [
         "# Load predictor: LSTM vs EWMA",
         "",
@@ -217,6 +228,18 @@ def markdown(
         command,
         "```",
         "",
+        *_traces_md(),
+        *_method_md(seeds, spec, cfg, train_fraction),
+        *_results_md(outcomes, seeds, tick_ms),
+        *_ships_md(outcomes),
+    ]
+    return "\n".join(out)
+
+
+def _traces_md() -> list[str]:
+    """Where the traces come from and how the toy engine behind them works."""
+    eng = EngineModel()
+    return [
         "## Traces: all synthetic",
         "",
         "**Every trace here is synthetic.** No recorded load trace with pending requests exists "
@@ -247,6 +270,14 @@ def markdown(
         "plus random ones (mean gap 900 s) |",
         "| steady | 1.2 req/s | none (Poisson noise only: a control) |",
         "",
+    ]
+
+
+def _method_md(
+    seeds: Sequence[int], spec: BurstSpec, cfg: LstmConfig, train_fraction: float
+) -> list[str]:
+    """How both forecasters are fitted and scored, and the rule that enables the LSTM."""
+    return [
         "## Method",
         "",
         f"- Resample to a {cfg.step_s:.0f} s grid (`signals_from_history`); fit on the first "
@@ -278,6 +309,14 @@ def markdown(
         "its median lead is no shorter, and it raises at most "
         f"{DecisionRule().extra_false_alarms} more false alarm(s). Otherwise EWMA.",
         "",
+    ]
+
+
+def _results_md(
+    outcomes: Sequence[TraceOutcome], seeds: Sequence[int], tick_ms: tuple[float, float]
+) -> list[str]:
+    """The held-out table, training and predict costs, the decisions, the seeds."""
+    return [
         "## Results (held-out part)",
         "",
         *table(outcomes),
@@ -294,7 +333,7 @@ def markdown(
         "Predict time: the table's column is the median `predict()` call during the walk "
         "forward. One controller tick through `LoadPredictor.forecast` (60 history rows = "
         f"5 min -> resample -> LSTM forecast) took median {tick_ms[0]:.2f} ms, "
-        f"p99 {tick_ms[1]:.2f} ms.",
+        f"p99 {tick_ms[1]:.2f} ms. {budget_line(outcomes)}.",
         "",
         "Decisions:",
         "",
@@ -304,6 +343,14 @@ def markdown(
         "",
         *seed_lines(outcomes, seeds),
         "",
+    ]
+
+
+def _ships_md(outcomes: Sequence[TraceOutcome]) -> list[str]:
+    """Which forecaster each trace gets, how the daemon decides on its own box, the API."""
+    enabled = [o.trace for o in outcomes if o.enabled]
+    disabled = [o for o in outcomes if not o.enabled]
+    return [
         "## What ships",
         "",
         (
@@ -348,7 +395,6 @@ def markdown(
         f"traces of another seed (1), not on these (seed {TRACE_SEED}).",
         "",
     ]
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     tick_ms = forecast_latency_ms(paths[0], last_model)
     print("\n".join(table(outcomes)))
     print(f"controller tick (rows -> forecast): median {tick_ms[0]:.2f} ms, p99 {tick_ms[1]:.2f}")
+    print(budget_line(outcomes))
     wall_s = time.perf_counter() - started
     command = ".venv/bin/python bench/load_predictor.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)

@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 
+from appliance.client import aiter_sse  # noqa: E402
 from appliance.domain.latency_window import percentile  # noqa: E402
 from bench.report import BENCHMARKS_MD, write_section  # noqa: E402
 from bench.servers import free_port, start_appliance  # noqa: E402
@@ -40,14 +41,10 @@ async def _ttft(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         if r.status != 200:
             raise RuntimeError(f"{r.status}: {(await r.text())[:200]}")
         first = None
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if (
-                first is None
-                and line.startswith("data: ")
-                and line != "data: [DONE]"
-                and json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
-            ):
+        async for event in aiter_sse(r.content):
+            if first is not None or event.done:
+                continue  # read to the end: a flood client sends its next one after
+            if event.json()["choices"][0].get("delta", {}).get("content"):
                 first = time.monotonic() - t0
         if first is None:
             raise RuntimeError("no content streamed")
@@ -98,68 +95,64 @@ async def run_arm(url: str, model: str, args: argparse.Namespace) -> dict[str, A
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--share", type=float, default=0.125, help="the reserved share under test")
-    p.add_argument("--limit", type=int, default=8, help="admission.concurrency_limit")
-    p.add_argument("--batch-clients", type=int, default=16)
-    p.add_argument("--batch-max-tokens", type=int, default=96)
-    p.add_argument("--probes", type=int, default=20)
-    p.add_argument("--probe-gap-s", type=float, default=1.0)
-    p.add_argument("--warmup-s", type=float, default=8.0)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--out", default=str(BENCHMARKS_MD))
-    args = p.parse_args()
+def _daemon_config(model_dir: Path, limit: int, share: float) -> dict[str, Any]:
+    """One arm's daemon: identical for both but for the reserved share."""
+    return {
+        "server": {"port": free_port()},
+        "engine": {
+            "model": str(model_dir),
+            "max_model_len": 2048,
+            "max_num_seqs": 32,
+            "kv_cache_space_gib": 1,
+            # Both arms alike; compiled would add minutes to each start.
+            "enforce_eager": True,
+        },
+        "admission": {
+            "concurrency_limit": limit,
+            "realtime_reserved_share": share,
+            "max_queue_wait_s": 3600,
+            "queue_capacity": {"realtime": 64, "interactive": 64, "batch": 1024},
+        },
+        "controller": {"mode": "manual"},
+        "logging": {"level": "warning"},
+    }
 
+
+def run_rounds(args: argparse.Namespace, arms: dict[str, float]) -> dict[str, list[dict]]:
+    """Every round, both arms (the first alternating), a fresh daemon for each."""
     from appliance.model_prep import prepare_default_model
 
     model_dir = prepare_default_model(ROOT / "state" / "models" / "SmolLM2-135M-Instruct")
-    arms = {"reserved": args.share, "no_reserve": 0.0}
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="rt-bench-") as tmp:
         for r in range(args.rounds):
             order = list(arms) if r % 2 == 0 else list(reversed(arms))
             for arm in order:
-                port = free_port()
                 print(f"round {r + 1}: {arm} (share {arms[arm]:g}), starting", flush=True)
-                server = start_appliance(
-                    {
-                        "server": {"port": port},
-                        "engine": {
-                            "model": str(model_dir),
-                            "max_model_len": 2048,
-                            "max_num_seqs": 32,
-                            "kv_cache_space_gib": 1,
-                            # Both arms alike; compiled would add minutes to each start.
-                            "enforce_eager": True,
-                        },
-                        "admission": {
-                            "concurrency_limit": args.limit,
-                            "realtime_reserved_share": arms[arm],
-                            "max_queue_wait_s": 3600,
-                            "queue_capacity": {"realtime": 64, "interactive": 64, "batch": 1024},
-                        },
-                        "controller": {"mode": "manual"},
-                        "logging": {"level": "warning"},
-                    },
-                    Path(tmp) / f"{arm}-{r}",
-                )
+                cfg = _daemon_config(model_dir, args.limit, arms[arm])
+                server = start_appliance(cfg, Path(tmp) / f"{arm}-{r}")
                 try:
                     results[arm].append(asyncio.run(run_arm(server.url, model_dir.name, args)))
                 finally:
                     server.stop()
                 last = results[arm][-1]
                 print(f"  {arm}: P50 {last['p50_ms']:.0f} ms, P99 {last['p99_ms']:.0f} ms")
+    return results
+
+
+def render_section(
+    args: argparse.Namespace,
+    arms: dict[str, float],
+    results: dict[str, list[dict[str, Any]]],
+    command: str,
+) -> str:
+    """The docs/benchmarks.md section: the setup, the table of medians, the P99 ratio."""
 
     def med(arm: str, key: str) -> float:
         return statistics.median(x[key] for x in results[arm])
 
     ratio = med("no_reserve", "p99_ms") / med("reserved", "p99_ms")
-    command = (
-        f"python bench/realtime_lane.py --share {args.share:g} --limit {args.limit} "
-        f"--batch-clients {args.batch_clients} --probes {args.probes} --rounds {args.rounds}"
-    )
-    section = "\n".join(
+    return "\n".join(
         [
             "## Realtime lane under a batch overload (issue 9)",
             "",
@@ -182,6 +175,28 @@ def main() -> int:
             f"Realtime P99 TTFT without / with the reserved share: **{ratio:.1f}x**.",
         ]
     )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--share", type=float, default=0.125, help="the reserved share under test")
+    p.add_argument("--limit", type=int, default=8, help="admission.concurrency_limit")
+    p.add_argument("--batch-clients", type=int, default=16)
+    p.add_argument("--batch-max-tokens", type=int, default=96)
+    p.add_argument("--probes", type=int, default=20)
+    p.add_argument("--probe-gap-s", type=float, default=1.0)
+    p.add_argument("--warmup-s", type=float, default=8.0)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", default=str(BENCHMARKS_MD))
+    args = p.parse_args()
+
+    arms = {"reserved": args.share, "no_reserve": 0.0}
+    results = run_rounds(args, arms)
+    command = (
+        f"python bench/realtime_lane.py --share {args.share:g} --limit {args.limit} "
+        f"--batch-clients {args.batch_clients} --probes {args.probes} --rounds {args.rounds}"
+    )
+    section = render_section(args, arms, results, command)
     print(section)
     write_section(Path(args.out), "realtime_lane", section + "\n")
     (Path(args.out).parent / "bench-realtime-lane.json").write_text(

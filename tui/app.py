@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 from textual.app import App
 from textual.binding import Binding
 
-from tui.client import AdminApi, AdminError, DaemonDown, NotAvailable, Unauthorized
+from appliance.client import AdminError, DaemonDown, NotAvailable, Unauthorized
+from tui.daemon_api import AdminApi
 from tui.model import Link, Model
 from tui.screens.base import ApplianceScreen
 from tui.screens.benchmarks import BenchmarksScreen

@@ -1,23 +1,27 @@
-"""NVML adapter (nvidia-ml-py, module `pynvml`, imported lazily): one GpuSample per GPU.
+"""The one NVML adapter (nvidia-ml-py, module `pynvml`, imported lazily).
 
-Nothing here raises out of `sample()`. NVML missing leaves the adapter unavailable with a
-reason; a query the GPU does not support is recorded in `unsupported` and never asked again;
-a lost GPU yields lost=True samples; an unknown error or an implausible value leaves that
-field None (named in `invalid`) for this sample. Each such event is logged once per
+Two readers share one view of NVML's errors: `NvmlTelemetry` samples every GPU (a GpuSample
+each) for the telemetry loop, and `read_inventory` takes the static facts the pre-check and the
+daemon's start need. Both call a GPU lost by the same rule (`_NvmlErrors.is_lost`), so a GPU the
+pre-check reports lost is one the telemetry loop would mark lost, and the reverse.
+
+Nothing here raises out of `sample()` or `read_inventory()`. NVML missing leaves the adapter
+unavailable with a reason; a query the GPU does not support is recorded in `unsupported` and never
+asked again; a lost GPU yields lost=True samples; an unknown error or an implausible value leaves
+that field None (named in `invalid`) for this sample. Each such event is logged once per
 (GPU, field, kind).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from appliance.domain.gpu_sample import THROTTLE_REASON_NAMES, GpuSample, lost_sample
 
@@ -36,6 +40,14 @@ _CODES = {
     "RESET_REQUIRED": 16,
     "GPU_NOT_FOUND": 28,
 }
+# Codes after which the GPU answers nothing until a reset or a reboot: gone from the bus,
+# fallen off it, or wedged until reset. Asking it again only repeats the error.
+_LOST_CODES = ("GPU_IS_LOST", "RESET_REQUIRED", "GPU_NOT_FOUND")
+# Codes that will not change while the driver runs: stop asking.
+_UNSUPPORTED_CODES = ("NOT_SUPPORTED", "NO_PERMISSION", "FUNCTION_NOT_FOUND")
+PYNVML_MISSING = "pynvml (nvidia-ml-py) is not installed"
+
+InitFailure = Literal["no_library", "no_driver", "no_permission", "error"]
 _XID_EVENT_BIT = 0x8  # nvmlEventTypeXidCriticalError
 _XID_DRAIN_MAX = 256  # events read per sample at most, so a storm cannot stall sampling
 # FieldValue.valueType -> the c_nvmlValue_t member holding the value.
@@ -51,7 +63,59 @@ _VALUE_MEMBERS = {
 
 
 class _GpuLost(Exception):
-    """Raised inside one GPU's sampling when NVML reports the GPU gone."""
+    """Raised inside one GPU's reads when NVML reports the GPU lost; stop asking it."""
+
+
+def _import_pynvml() -> ModuleType:
+    """The binding, imported on first use: CPU-only machines never load it otherwise."""
+    import pynvml
+
+    return pynvml
+
+
+def _error_name(e: BaseException) -> str:
+    """Name an NVML error without str(), which may call into the library that failed."""
+    return type(e).__name__.removeprefix("NVMLError_")
+
+
+def _err(e: BaseException) -> str:
+    """An NVML error's name and code, for logs; repr() for anything else."""
+    code = getattr(e, "value", None)
+    return f"{_error_name(e)} (NVML error {code})" if code is not None else repr(e)
+
+
+class _NvmlErrors:
+    """What the binding's exceptions mean; one reading for sampling and the inventory alike."""
+
+    def __init__(self, nv: Any) -> None:
+        self.codes = {k: getattr(nv, f"NVML_ERROR_{k}", v) for k, v in _CODES.items()}
+        self.base: type[BaseException] = getattr(nv, "NVMLError", Exception)
+        self._lost = frozenset(self.codes[k] for k in _LOST_CODES)
+        self._unsupported = frozenset(self.codes[k] for k in _UNSUPPORTED_CODES)
+
+    @staticmethod
+    def code(e: BaseException) -> int | None:
+        """The NVML return code an exception carries, or None."""
+        return getattr(e, "value", None)
+
+    def is_lost(self, e: BaseException) -> bool:
+        """The one definition of a lost GPU: NVML says it is lost, needs a reset, or is gone."""
+        return isinstance(e, self.base) and self.code(e) in self._lost
+
+    def is_unsupported(self, e: BaseException) -> bool:
+        """NVML will answer this query the same way until the driver changes."""
+        return self.code(e) in self._unsupported
+
+    def init_failure(self, e: BaseException) -> InitFailure:
+        """Why nvmlInit failed, as a kind each reader words for its own users."""
+        code = self.code(e)
+        if code == self.codes["LIBRARY_NOT_FOUND"]:
+            return "no_library"
+        if code == self.codes["DRIVER_NOT_LOADED"]:
+            return "no_driver"
+        if code == self.codes["NO_PERMISSION"]:
+            return "no_permission"
+        return "error"
 
 
 def _temp_ok(v: float) -> bool:
@@ -130,13 +194,6 @@ def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-def _err(e: BaseException) -> str:
-    """Name an NVML error without str(), which may call into the library that failed."""
-    name = type(e).__name__.removeprefix("NVMLError_")
-    code = getattr(e, "value", None)
-    return f"{name} (NVML error {code})" if code is not None else repr(e)
-
-
 class NvmlTelemetry:
     """Telemetry adapter over NVML; `available` and `error` say whether it found the GPUs."""
 
@@ -165,13 +222,12 @@ class NvmlTelemetry:
         self._nv: Any = nvml
         if self._nv is None:
             try:
-                self._nv = importlib.import_module("pynvml")
+                self._nv = _import_pynvml()
             except ImportError:
-                self.error = "pynvml (nvidia-ml-py) is not installed"
+                self.error = PYNVML_MISSING
                 log.warning("NVML unavailable: %s", self.error)
                 return
-        self._codes = {k: getattr(self._nv, f"NVML_ERROR_{k}", v) for k, v in _CODES.items()}
-        self._nvml_error: type[BaseException] = getattr(self._nv, "NVMLError", Exception)
+        self._errors = _NvmlErrors(self._nv)
         self._open()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -180,12 +236,8 @@ class NvmlTelemetry:
         nv = self._nv
         try:
             nv.nvmlInit()
-        except self._nvml_error as e:
+        except Exception as e:  # NVMLError, or a broken binding: neither takes the daemon down
             self.error = self._describe_init_error(e)
-            log.warning("NVML unavailable: %s", self.error)
-            return
-        except Exception as e:  # a broken binding must not take the daemon down
-            self.error = f"NVML init failed: {e!r}"
             log.warning("NVML unavailable: %s", self.error)
             return
         self._initialised = True
@@ -215,12 +267,12 @@ class NvmlTelemetry:
         )
 
     def _describe_init_error(self, e: BaseException) -> str:
-        code = getattr(e, "value", None)
-        if code == self._codes["LIBRARY_NOT_FOUND"]:
+        kind = self._errors.init_failure(e)
+        if kind == "no_library":
             return "NVML library not found (no NVIDIA driver installed)"
-        if code == self._codes["DRIVER_NOT_LOADED"]:
+        if kind == "no_driver":
             return "NVIDIA driver not loaded"
-        if code == self._codes["NO_PERMISSION"]:
+        if kind == "no_permission":
             return "no permission to use NVML"
         return f"NVML init failed: {_err(e)}"
 
@@ -228,8 +280,8 @@ class NvmlTelemetry:
         nv = self._nv
         try:
             handle = nv.nvmlDeviceGetHandleByIndex(index)
-        except self._nvml_error as e:
-            if self._is_lost(e):
+        except self._errors.base as e:
+            if self._errors.is_lost(e):
                 log.error("NVML: gpu%d lost at start", index)
                 return _Gpu(index=index, handle=None, uuid=f"gpu{index}", name="?", lost=True)
             log.warning("NVML: gpu%d not accessible, skipped: %s", index, _err(e))
@@ -238,8 +290,8 @@ class NvmlTelemetry:
         try:
             gpu.uuid = _text(nv.nvmlDeviceGetUUID(handle))
             gpu.name = _text(nv.nvmlDeviceGetName(handle))
-        except self._nvml_error as e:
-            if self._is_lost(e):
+        except self._errors.base as e:
+            if self._errors.is_lost(e):
                 gpu.lost = True
             log.warning("NVML: gpu%d identity not readable: %s", index, _err(e))
         gpu.uuid = gpu.uuid or f"gpu{index}"
@@ -258,14 +310,12 @@ class NvmlTelemetry:
         for link in range(max_links if get_state is not None else 0):
             try:
                 get_state(gpu.handle, link)
-            except self._nvml_error as e:
-                if self._is_lost(e):
+            except self._errors.base as e:
+                if self._errors.is_lost(e):
                     raise _GpuLost from e
                 # NotSupported: no NVLink; InvalidArgument: past the last link.
-                if getattr(e, "value", None) in (
-                    self._codes["NOT_SUPPORTED"],
-                    self._codes["INVALID_ARGUMENT"],
-                ):
+                codes = self._errors.codes
+                if self._errors.code(e) in (codes["NOT_SUPPORTED"], codes["INVALID_ARGUMENT"]):
                     break
                 continue
             gpu.nvlinks.append(link)
@@ -360,13 +410,6 @@ class NvmlTelemetry:
             out.append(lost_sample(g.index, g.uuid, g.name, now))
         return out
 
-    def _is_lost(self, e: BaseException) -> bool:
-        return getattr(e, "value", None) in (
-            self._codes["GPU_IS_LOST"],
-            self._codes["RESET_REQUIRED"],
-            self._codes["GPU_NOT_FOUND"],
-        )
-
     def _log_once(self, gpu: int, what: str, kind: str, msg: str, *args: Any) -> None:
         key = (gpu, what, kind)
         if key in self._logged:
@@ -386,15 +429,10 @@ class NvmlTelemetry:
             return None
         try:
             return fn()
-        except self._nvml_error as e:
-            code = getattr(e, "value", None)
-            if self._is_lost(e):
+        except self._errors.base as e:
+            if self._errors.is_lost(e):
                 raise _GpuLost from e
-            if code in (
-                self._codes["NOT_SUPPORTED"],
-                self._codes["NO_PERMISSION"],
-                self._codes["FUNCTION_NOT_FOUND"],
-            ):
+            if self._errors.is_unsupported(e):
                 g.unsupported.update(fields)
                 self._log_once(g.index, fields[0], "unsupported", "not supported (%s)", _err(e))
                 return None
@@ -444,75 +482,132 @@ class NvmlTelemetry:
         return v
 
     def _sample_gpu(self, g: _Gpu, now: float) -> GpuSample:
-        nv, h = self._nv, g.handle
+        """One GPU's reading; raises _GpuLost when NVML reports it gone mid-way."""
         bad: set[str] = set()
+        fields: dict[str, Any] = {}
+        # The order is NVML's call order per sample; a lost GPU stops it where it is lost.
+        for group in (
+            self._read_temperatures,
+            self._read_power,
+            self._read_clocks,
+            self._read_utilisation,
+            self._read_memory,
+            self._read_links,
+            self._read_health,
+        ):
+            fields.update(group(g, bad))
+        return GpuSample(
+            index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            simulated=False,
+            timestamp_s=now,
+            xid_errors=None if "xid_errors" in g.unsupported else g.xid_count,
+            unsupported=tuple(sorted(g.unsupported)),
+            invalid=tuple(sorted(bad - g.unsupported)),
+            **fields,
+        )
 
-        def read(
-            name: str,
-            call: Callable[[], Any],
-            ok: Callable[[float], bool],
-            *,
-            scale: float = 1.0,
-            as_int: bool = False,
-            static: bool = False,
-        ) -> Any:
-            raw = self._static(g, name, call, bad) if static else self._query(g, (name,), call, bad)
-            value = self._checked(g, name, raw, ok, bad, scale=scale, as_int=as_int)
-            if static and value is None:
-                g.static.pop(name, None)  # an implausible constant is not kept; read it again
-            return value
+    def _read(
+        self,
+        g: _Gpu,
+        bad: set[str],
+        name: str,
+        call: Callable[[], Any],
+        ok: Callable[[float], bool],
+        *,
+        scale: float = 1.0,
+        as_int: bool = False,
+        static: bool = False,
+    ) -> Any:
+        """One field from one NVML call: queried, scaled and checked for plausibility."""
+        raw = self._static(g, name, call, bad) if static else self._query(g, (name,), call, bad)
+        value = self._checked(g, name, raw, ok, bad, scale=scale, as_int=as_int)
+        if static and value is None:
+            g.static.pop(name, None)  # an implausible constant is not kept; read it again
+        return value
+
+    def _read_temperatures(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
 
         def threshold(const: str) -> Callable[[], Any]:
             return lambda: nv.nvmlDeviceGetTemperatureThreshold(h, getattr(nv, const))
 
-        core = read(
-            "core_temp_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), _temp_ok
-        )
-        mem = read("mem_temp_c", lambda: self._memory_temp(h), _temp_ok)
-        slowdown = read(
-            "slowdown_temp_c",
-            threshold("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-            _threshold_ok,
-            static=True,
-        )
-        shutdown = read(
-            "shutdown_temp_c",
-            threshold("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
-            _threshold_ok,
-            static=True,
-        )
-        mem_max = read(
-            "mem_max_temp_c",
-            threshold("NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
-            _threshold_ok,
-            static=True,
-        )
+        out = {
+            "core_temp_c": self._read(
+                g,
+                bad,
+                "core_temp_c",
+                lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+                _temp_ok,
+            ),
+            "mem_temp_c": self._read(g, bad, "mem_temp_c", lambda: self._memory_temp(h), _temp_ok),
+        }
+        for name, const in (
+            ("slowdown_temp_c", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
+            ("shutdown_temp_c", "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
+            ("mem_max_temp_c", "NVML_TEMPERATURE_THRESHOLD_MEM_MAX"),
+        ):
+            out[name] = self._read(g, bad, name, threshold(const), _threshold_ok, static=True)
+        return out
+
+    def _read_power(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
         # NVML reports milliwatts and millijoules.
-        power = read("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h), _power_ok, scale=1000.0)
-        limit = read(
-            "power_limit_w", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h), _limit_ok, scale=1000.0
-        )
-        energy = read(
-            "energy_j", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), _nonneg, scale=1000.0
-        )
-        sm = read(
-            "sm_clock_mhz",
-            lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-            _clock_ok,
-            as_int=True,
-        )
-        mclk = read(
-            "mem_clock_mhz",
-            lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-            _clock_ok,
-            as_int=True,
-        )
-        # One call each fills two fields.
+        return {
+            "power_w": self._read(
+                g, bad, "power_w", lambda: nv.nvmlDeviceGetPowerUsage(h), _power_ok, scale=1000.0
+            ),
+            "power_limit_w": self._read(
+                g,
+                bad,
+                "power_limit_w",
+                lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h),
+                _limit_ok,
+                scale=1000.0,
+            ),
+            "energy_j": self._read(
+                g,
+                bad,
+                "energy_j",
+                lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
+                _nonneg,
+                scale=1000.0,
+            ),
+        }
+
+    def _read_clocks(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
+        out = {}
+        for name, const in (("sm_clock_mhz", "NVML_CLOCK_SM"), ("mem_clock_mhz", "NVML_CLOCK_MEM")):
+            out[name] = self._read(
+                g,
+                bad,
+                name,
+                lambda const=const: nv.nvmlDeviceGetClockInfo(h, getattr(nv, const)),
+                _clock_ok,
+                as_int=True,
+            )
+        return out
+
+    def _read_utilisation(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
+        # One call fills two fields.
         util = self._query(
             g, ("gpu_util_pct", "mem_bw_util_pct"), lambda: nv.nvmlDeviceGetUtilizationRates(h), bad
         )
-        gpu_util = self._checked(g, "gpu_util_pct", getattr(util, "gpu", None), _pct_ok, bad)
-        bw_util = self._checked(g, "mem_bw_util_pct", getattr(util, "memory", None), _pct_ok, bad)
+        return {
+            "gpu_util_pct": self._checked(
+                g, "gpu_util_pct", getattr(util, "gpu", None), _pct_ok, bad
+            ),
+            "mem_bw_util_pct": self._checked(
+                g, "mem_bw_util_pct", getattr(util, "memory", None), _pct_ok, bad
+            ),
+        }
+
+    def _read_memory(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
+        # One call fills two fields; used is checked against the total it came with.
         meminfo = self._query(
             g, ("mem_used_bytes", "mem_total_bytes"), lambda: nv.nvmlDeviceGetMemoryInfo(h), bad
         )
@@ -527,32 +622,34 @@ class NvmlTelemetry:
             bad,
             as_int=True,
         )
-        gen = read(
-            "pcie_gen", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h), _gen_ok, as_int=True
+        return {"mem_total_bytes": total, "mem_used_bytes": used}
+
+    def _read_links(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
+        out = {}
+        # The maxima do not change while the driver runs; the current link can train down.
+        for name, fn, ok, static in (
+            ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", _gen_ok, False),
+            ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", _gen_ok, True),
+            ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", _width_ok, False),
+            ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", _width_ok, True),
+        ):
+            # Looked up at call time: a binding without the function is unsupported, not a crash.
+            out[name] = self._read(
+                g, bad, name, lambda fn=fn: getattr(nv, fn)(h), ok, as_int=True, static=static
+            )
+        out["pcie_tx_kb_s"], out["pcie_rx_kb_s"] = self._pcie_throughput(g, bad)
+        out["nvlink_active"] = self._nvlink_active(g, bad)
+        return out
+
+    def _read_health(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
+        nv, h = self._nv, g.handle
+        mask = self._read(
+            g, bad, "throttle_reasons", lambda: self._reasons_mask(g), _mask_ok, as_int=True
         )
-        gen_max = read(
-            "pcie_gen_max",
-            lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
-            _gen_ok,
-            as_int=True,
-            static=True,
-        )
-        width = read(
-            "pcie_width", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h), _width_ok, as_int=True
-        )
-        width_max = read(
-            "pcie_width_max",
-            lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
-            _width_ok,
-            as_int=True,
-            static=True,
-        )
-        tx, rx = self._pcie_throughput(g, bad)
-        nvlink = self._nvlink_active(g, bad)
-        reasons_mask = read(
-            "throttle_reasons", lambda: self._reasons_mask(g), _mask_ok, as_int=True
-        )
-        ecc = read(
+        ecc = self._read(
+            g,
+            bad,
             "ecc_errors",
             lambda: nv.nvmlDeviceGetTotalEccErrors(
                 h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
@@ -560,39 +657,7 @@ class NvmlTelemetry:
             _count_ok,
             as_int=True,
         )
-        return GpuSample(
-            index=g.index,
-            uuid=g.uuid,
-            name=g.name,
-            simulated=False,
-            timestamp_s=now,
-            core_temp_c=core,
-            mem_temp_c=mem,
-            power_w=power,
-            power_limit_w=limit,
-            energy_j=energy,
-            sm_clock_mhz=sm,
-            mem_clock_mhz=mclk,
-            gpu_util_pct=gpu_util,
-            mem_bw_util_pct=bw_util,
-            mem_used_bytes=used,
-            mem_total_bytes=total,
-            pcie_gen=gen,
-            pcie_gen_max=gen_max,
-            pcie_width=width,
-            pcie_width_max=width_max,
-            pcie_tx_kb_s=tx,
-            pcie_rx_kb_s=rx,
-            nvlink_active=nvlink,
-            throttle_reasons=_reason_names(reasons_mask),
-            ecc_errors=ecc,
-            xid_errors=None if "xid_errors" in g.unsupported else g.xid_count,
-            unsupported=tuple(sorted(g.unsupported)),
-            invalid=tuple(sorted(bad - g.unsupported)),
-            slowdown_temp_c=slowdown,
-            shutdown_temp_c=shutdown,
-            mem_max_temp_c=mem_max,
-        )
+        return {"throttle_reasons": _reason_names(mask), "ecc_errors": ecc}
 
     def _memory_temp(self, handle: Any) -> float:
         """HBM temperature through the field-values API (NVML_FI_DEV_MEMORY_TEMP)."""
@@ -611,8 +676,8 @@ class NvmlTelemetry:
         if newer is not None and not g.old_reasons_api:
             try:
                 return int(newer(g.handle))
-            except self._nvml_error as e:
-                if getattr(e, "value", None) != self._codes["FUNCTION_NOT_FOUND"]:
+            except self._errors.base as e:
+                if self._errors.code(e) != self._errors.codes["FUNCTION_NOT_FOUND"]:
                     raise
                 g.old_reasons_api = True  # an older driver: use the deprecated name from now on
         return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(g.handle))
@@ -669,8 +734,8 @@ class NvmlTelemetry:
         for _ in range(_XID_DRAIN_MAX):
             try:
                 data = nv.nvmlEventSetWait_v2(self._event_set, 0)
-            except self._nvml_error as e:
-                if getattr(e, "value", None) != self._codes["TIMEOUT"]:
+            except self._errors.base as e:
+                if self._errors.code(e) != self._errors.codes["TIMEOUT"]:
                     self._log_once(-1, "xid_errors", "error", "event wait failed (%s)", _err(e))
                 return
             except Exception as e:
@@ -696,3 +761,206 @@ def _reason_names(mask: int | None) -> tuple[str, ...]:
     if rest:
         names.append(f"other_0x{rest:x}")
     return tuple(names)
+
+
+# -- the inventory: static facts for the pre-check and the daemon's start --------------------
+
+NvmlState = Literal["ok", "no_library", "no_driver", "error"]
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What NVML said about one GPU; None where the query failed (see errors)."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    memory_total_bytes: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    temperature_c: int | None = None
+    nvlink_links_active: int | None = None
+    nvlink_links_total: int | None = None
+    lost: bool = False
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The machine's GPUs as NVML sees them, or why NVML could not say."""
+
+    state: NvmlState
+    detail: str = ""
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: tuple[GpuFacts, ...] = field(default_factory=tuple)
+
+
+def _cuda_version(raw: int) -> str:
+    # NVML encodes CUDA 12.4 as 12040.
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+class _FactReader:
+    """Runs NVML queries, turning each failure into an entry in errors (a lost GPU raises)."""
+
+    def __init__(self, nvml: Any, nvml_errors: _NvmlErrors) -> None:
+        self.nvml = nvml
+        self.nvml_errors = nvml_errors
+        self.errors: list[str] = []
+
+    def get(self, label: str, fn_name: str, *args: Any) -> Any:
+        """The call's result, or None with the error noted; raises _GpuLost for a lost GPU."""
+        try:
+            return getattr(self.nvml, fn_name)(*args)
+        except Exception as exc:  # NVMLError of any kind, or a function this binding lacks
+            self.errors.append(f"{label}: {_error_name(exc)}")
+            if self.nvml_errors.is_lost(exc):
+                raise _GpuLost from None
+            return None
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+# Each _*_facts fills `facts` as it reads, so what was read before a GPU is lost is kept.
+
+
+def _identity_facts(reader: _FactReader, handle: Any, facts: dict[str, Any]) -> None:
+    name = reader.get("name", "nvmlDeviceGetName", handle)
+    facts["name"] = _text(name) if name is not None else None
+    uuid = reader.get("uuid", "nvmlDeviceGetUUID", handle)
+    facts["uuid"] = _text(uuid) if uuid is not None else None
+    mem = reader.get("memory", "nvmlDeviceGetMemoryInfo", handle)
+    facts["memory_total_bytes"] = int(mem.total) if mem is not None else None
+    cc = reader.get("compute_capability", "nvmlDeviceGetCudaComputeCapability", handle)
+    facts["compute_capability"] = (int(cc[0]), int(cc[1])) if cc is not None else None
+
+
+def _pcie_facts(reader: _FactReader, handle: Any, facts: dict[str, Any]) -> None:
+    for key, fn in (
+        ("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+        ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+        ("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
+        ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
+    ):
+        facts[key] = _optional_int(reader.get(key, fn, handle))
+
+
+def _ecc_facts(reader: _FactReader, handle: Any, facts: dict[str, Any]) -> None:
+    nvml = reader.nvml
+    mode = reader.get("ecc_mode", "nvmlDeviceGetEccMode", handle)
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    facts["ecc_enabled"] = (mode[0] == enabled) if mode is not None else None
+    if not facts["ecc_enabled"]:
+        return  # the counters mean nothing with ECC off
+    corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+    uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
+    aggregate = getattr(nvml, "NVML_AGGREGATE_ECC", 1)
+    for key, label, kind, counter in (
+        ("ecc_corrected_volatile", "ecc_corrected", corrected, volatile),
+        ("ecc_uncorrected_volatile", "ecc_uncorrected", uncorrected, volatile),
+        ("ecc_uncorrected_aggregate", "ecc_uncorrected_aggregate", uncorrected, aggregate),
+    ):
+        facts[key] = reader.get(label, "nvmlDeviceGetTotalEccErrors", handle, kind, counter)
+
+
+def _temperature_facts(reader: _FactReader, handle: Any, facts: dict[str, Any]) -> None:
+    sensor = getattr(reader.nvml, "NVML_TEMPERATURE_GPU", 0)
+    temp = reader.get("temperature", "nvmlDeviceGetTemperature", handle, sensor)
+    facts["temperature_c"] = _optional_int(temp)
+
+
+def _nvlink_facts(reader: _FactReader, handle: Any, facts: dict[str, Any]) -> None:
+    nvml = reader.nvml
+    active = total = 0
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except Exception as exc:
+            if reader.nvml_errors.is_lost(exc):
+                reader.errors.append(f"nvlink: {_error_name(exc)}")
+                raise _GpuLost from None
+            if link == 0:
+                # PCIe-only boards answer NotSupported for the first link: no NVLink at all.
+                reader.errors.append(f"nvlink: {_error_name(exc)}")
+                facts["nvlink_links_active"] = facts["nvlink_links_total"] = None
+                return
+            break  # past the last link this GPU has
+        total += 1
+        active += 1 if state else 0
+    facts["nvlink_links_active"], facts["nvlink_links_total"] = active, total
+
+
+def _read_gpu(nvml: Any, nvml_errors: _NvmlErrors, index: int) -> GpuFacts:
+    reader = _FactReader(nvml, nvml_errors)
+    facts: dict[str, Any] = {}
+    try:
+        handle = reader.get("handle", "nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            return GpuFacts(index=index, errors=tuple(reader.errors))
+        for read in (
+            _identity_facts,
+            _pcie_facts,
+            _ecc_facts,
+            _temperature_facts,
+            _nvlink_facts,
+        ):
+            read(reader, handle, facts)
+    except _GpuLost:
+        return GpuFacts(index=index, lost=True, errors=tuple(reader.errors), **facts)
+    return GpuFacts(index=index, errors=tuple(reader.errors), **facts)
+
+
+def _init_failure(nvml_errors: _NvmlErrors, exc: BaseException) -> Inventory:
+    name = _error_name(exc)
+    kind = nvml_errors.init_failure(exc)
+    if kind == "no_library":
+        return Inventory("no_library", f"NVML library not found ({name})")
+    if kind == "no_driver":
+        return Inventory("no_driver", f"NVIDIA driver not loaded ({name})")
+    if kind == "no_permission":
+        return Inventory("error", f"no permission to use NVML ({name})")
+    return Inventory("error", f"NVML init failed ({name})")
+
+
+def read_inventory(nvml: Any = None) -> Inventory:
+    """Static facts about every GPU; never raises (a missing library is a state, not an error)."""
+    if nvml is None:
+        try:
+            nvml = _import_pynvml()
+        except ImportError as exc:
+            return Inventory("no_library", f"{PYNVML_MISSING} ({exc})")
+    nvml_errors = _NvmlErrors(nvml)
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        return _init_failure(nvml_errors, exc)
+    try:
+        reader = _FactReader(nvml, nvml_errors)
+        driver = reader.get("driver", "nvmlSystemGetDriverVersion")
+        cuda = reader.get("cuda", "nvmlSystemGetCudaDriverVersion")
+        count = reader.get("count", "nvmlDeviceGetCount")
+        gpus = tuple(_read_gpu(nvml, nvml_errors, i) for i in range(int(count or 0)))
+        return Inventory(
+            "ok" if count is not None else "error",
+            "; ".join(reader.errors),
+            _text(driver) if driver is not None else None,
+            _cuda_version(int(cuda)) if cuda is not None else None,
+            gpus,
+        )
+    except Exception as exc:  # a binding bug must not take the pre-check down
+        return Inventory("error", f"NVML query failed ({_error_name(exc)})")
+    finally:
+        # Shutdown failing changes nothing we report.
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()

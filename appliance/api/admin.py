@@ -12,11 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from appliance.adapters.simgpu import SimGpu
 from appliance.api.errors import Handler
-from appliance.api.keys import SERVICES, Services
-from appliance.api.long_context import LONG_CONTEXT
+from appliance.api.keys import SERVICES
 from appliance.errors import ApplianceError, BadRequest, Unauthorized
+from appliance.services.container import Services
 from appliance.services.supervisor import EngineState
 
 routes = web.RouteTableDef()
@@ -80,6 +79,7 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
         "controller": svc.controller.snapshot(),
         "latency": _latency_snapshot(svc),
         "events": [e.to_dict() for e in svc.events.recent(20)],
+        "long_context": svc.long_context.tracker.snapshot(),
     }
 
 
@@ -151,10 +151,6 @@ async def put_controller(request: web.Request) -> web.Response:
         )
     except ValueError as exc:
         raise BadRequest(str(exc), param="max") from None
-    # The SLO the daemon reports and recalibrates from is the one the controller steers by.
-    svc.slo_ttft_p99_s = svc.controller.cfg.slo_ttft_p99_s
-    if svc.controller.cfg.slo_tpot_p99_s is not None:
-        svc.slo_tpot_p99_s = svc.controller.cfg.slo_tpot_p99_s
     return web.json_response(svc.controller.snapshot())
 
 
@@ -185,8 +181,8 @@ def telemetry_snapshot(svc: Services) -> dict[str, Any]:
         "errors": loop.errors,
         "last_error": loop.last_error,
     }
-    if isinstance(svc.telemetry, SimGpu):
-        out["faults"] = svc.telemetry.active_faults()
+    if svc.faults is not None:
+        out["faults"] = svc.faults.active_faults()
     status = getattr(svc.telemetry, "status", None)
     if callable(status):
         out["adapter"] = status()
@@ -235,7 +231,8 @@ async def get_precheck(request: web.Request) -> web.Response:
 async def post_fault(request: web.Request) -> web.Response:
     """Inject a simulated-GPU fault: {name, gpu?, delta_c?, factor?, duration_s?}."""
     svc = request.app[SERVICES]
-    if not isinstance(svc.telemetry, SimGpu):
+    faults = svc.faults
+    if faults is None:
         raise Conflict("faults can only be injected into the simulated GPU (telemetry.source sim)")
     try:
         body = await request.json()
@@ -247,31 +244,28 @@ async def post_fault(request: web.Request) -> web.Response:
         )
     kwargs = {k: body[k] for k in ("delta_c", "factor", "duration_s") if k in body}
     try:
-        svc.telemetry.set_fault(body["name"], body.get("gpu"), **kwargs)
+        faults.set_fault(body["name"], body.get("gpu"), **kwargs)
     except (ValueError, TypeError) as exc:
         raise BadRequest(f"fault: {exc}".replace("\n", " "), param="name") from None
     svc.events.emit("fault_injected", f"simulated fault {body['name']} set", **body)
-    return web.json_response({"faults": svc.telemetry.active_faults()})
+    return web.json_response({"faults": faults.active_faults()})
 
 
 @routes.delete("/admin/telemetry/faults")
 async def delete_faults(request: web.Request) -> web.Response:
     """Clear simulated-GPU faults (all, or ?name=...)."""
     svc = request.app[SERVICES]
-    if not isinstance(svc.telemetry, SimGpu):
+    faults = svc.faults
+    if faults is None:
         raise Conflict("no simulated GPU to clear faults on")
-    removed = svc.telemetry.clear_faults(request.query.get("name"))
+    removed = faults.clear_faults(request.query.get("name"))
     svc.events.emit("fault_cleared", f"{removed} simulated fault(s) cleared", removed=removed)
-    return web.json_response({"removed": removed, "faults": svc.telemetry.active_faults()})
+    return web.json_response({"removed": removed, "faults": faults.active_faults()})
 
 
 @routes.get("/admin/status")
 async def get_status(request: web.Request) -> web.Response:
-    snap = status_snapshot(request.app[SERVICES])
-    tracker = request.app.get(LONG_CONTEXT)
-    if tracker is not None:
-        snap["long_context"] = tracker.snapshot()
-    return web.json_response(snap)
+    return web.json_response(status_snapshot(request.app[SERVICES]))
 
 
 @routes.get("/admin/events")
@@ -320,16 +314,13 @@ async def get_events(request: web.Request) -> web.StreamResponse:
 async def post_restart(request: web.Request) -> web.Response:
     """Start a graceful restart in the background; 202 at once, progress via events."""
     svc = request.app[SERVICES]
-    running = svc.restart_task
-    if (
-        running is not None and not running.done()
-    ) or svc.supervisor.state is EngineState.RESTARTING:
+    if svc.background.restart_running() or svc.supervisor.state is EngineState.RESTARTING:
         raise Conflict("a restart is already in progress")
     svc.supervisor.check_admitting()
-    task = asyncio.create_task(
+    # The restart outlives this HTTP call: the services keep the task (and cancel it at stop).
+    svc.background.restart = asyncio.create_task(
         svc.supervisor.restart("requested through the admin API"), name="admin-restart"
     )
-    svc.restart_task = task  # the restart outlives this HTTP call; keep a reference
     return web.json_response({"status": "restarting"}, status=202)
 
 

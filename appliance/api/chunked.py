@@ -1,7 +1,7 @@
 """Chat requests over the context, read in parts: the one answer vLLM's layer cannot give.
 
 A document longer than the context is not a request vLLM serves; the appliance reads it in
-parts (long_context.py) inside one admission slot and writes the OpenAI answer itself,
+parts (services/long_context.py) inside one admission slot and writes the OpenAI answer itself,
 JSON or stream, with the `long_context` summary and progress events.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 from aiohttp import web
 
 from appliance.api.errors import error_body
-from appliance.api.keys import Services
-from appliance.api.long_context import Progress
-from appliance.api.validation import ParsedRequest
 from appliance.domain.engine_types import GenerationDelta
+from appliance.domain.parsed_request import ParsedRequest
 from appliance.domain.request_scope import Outcome
 from appliance.errors import EngineDead
+from appliance.services.container import Services
+from appliance.services.long_context import Progress
 
 
 def _ids(parsed: ParsedRequest, request_id: str) -> tuple[str, str]:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,24 +24,18 @@ from aiohttp import web
 from appliance.adapters.vllm_frontend import dumps, parse_request, request_fields
 from appliance.api import chunked
 from appliance.api.errors import Handler, error_body
-from appliance.api.keys import SERVICES, Services
-from appliance.api.long_context import (
-    LONG_CONTEXT,
-    LongRequest,
-    check_cap,
-    plan,
-    run_chunked,
-    strategy_of,
-    wants_chunking,
-)
+from appliance.api.keys import SERVICES
+from appliance.api.long_context import check_cap, strategy_of, wants_chunking
+from appliance.api.middleware import ARRIVED_S
 from appliance.api.validation import (
     MAX_DEADLINE_MS,
-    Limits,
     chat_messages,
     check_model,
     common,
     decode_body,
 )
+from appliance.domain.lanes import LANE_NAMES, Lane
+from appliance.domain.parsed_request import Limits
 from appliance.domain.request_scope import (
     CURRENT_SCOPE,
     DEADLINE_FINISH_REASON,
@@ -53,12 +46,8 @@ from appliance.domain.request_scope import (
 )
 from appliance.errors import ApplianceError, BadRequest, BodyTooLarge, Unauthorized
 from appliance.logs import request_id_var
-from appliance.services.admission import LANE_NAMES, Lane
-
-log = logging.getLogger("appliance.requests")
-
-# When the request reached the daemon (set by the request-id middleware, before parsing).
-ARRIVED_S = web.RequestKey("arrived_s", float)
+from appliance.services.container import Services
+from appliance.services.long_context import ChunkedCall, LongRequest
 
 routes = web.RouteTableDef()
 
@@ -215,7 +204,7 @@ async def _admitted(
         status = _status_of(exc)
         raise
     finally:
-        _record(svc, ext.lane, kind, outcome, arrived_s, status)
+        svc.accounting.record(ext.lane, kind, outcome, arrived_s, status)
 
 
 async def _serve(
@@ -312,7 +301,13 @@ async def _long_document(svc: Services, body: dict[str, Any]) -> LongRequest | N
             param=extra[0],
         )
     field_checked = common(probe, "chat", None, limits)
-    return await plan(svc, body, messages, len(ids), field_checked.sampling.max_tokens, limits)
+    return await svc.long_context.plan(
+        strategy_of(body, svc.config.long_context),
+        messages,
+        len(ids),
+        field_checked.sampling.max_tokens,
+        limits,
+    )
 
 
 async def _serve_chunked(
@@ -326,9 +321,7 @@ async def _serve_chunked(
     outcome = Outcome()
     arrived_s = request.get(ARRIVED_S, time.monotonic())
     async with _admitted(svc, ext, arrived_s, outcome, "chat"):
-        source = run_chunked(
-            svc, request.app[LONG_CONTEXT], parsed, long, rid, outcome, arrived_s, limits
-        )
+        source = svc.long_context.run(ChunkedCall(parsed, long, rid, outcome, arrived_s, limits))
         try:
             if parsed.stream:
                 return await chunked.stream_reply(request, svc, parsed, rid, outcome, source)
@@ -345,59 +338,6 @@ def _status_of_outcome(outcome: Outcome) -> str:
 
 def _status_of(exc: ApplianceError) -> str:
     return {429: "rejected", 503: "not_ready", 408: "deadline_queued"}.get(exc.status, "error")
-
-
-def _record(
-    svc: Services, lane: Lane, kind: str, outcome: Outcome, arrived_s: float, status: str
-) -> None:
-    m = svc.metrics
-    m.requests_total.labels(status).inc()
-    if status == "rejected":
-        m.rejected += 1
-    elif status != "not_ready":
-        m.finished += 1
-    if status in ("deadline", "deadline_queued"):
-        stage = "queued" if status == "deadline_queued" else "generating"
-        m.deadline_expired_total.labels(lane.label, stage).inc()
-    m.prompt_tokens_total.inc(outcome.prompt_tokens)
-    completion = outcome.completion_tokens + outcome.extra_completion_tokens
-    m.generated_tokens_total.inc(completion)
-    m.generated_tokens += completion
-    tpot: float | None = None
-    if outcome.first_token_s is not None:
-        m.ttft_seconds.observe(outcome.first_token_s - arrived_s)
-        if outcome.completion_tokens > 1 and outcome.last_token_s is not None:
-            tpot = (outcome.last_token_s - outcome.first_token_s) / (outcome.completion_tokens - 1)
-            m.tpot_seconds.observe(tpot)
-        if status == "ok" and outcome.admitted_s is not None and outcome.long_context is None:
-            # The controller judges the engine, so its TTFT starts at admission: queue wait
-            # grows when the limit shrinks, and counting it would cut the limit to the floor.
-            # A chunked document's first token comes after all its parts: not a TTFT either.
-            svc.latency.add(time.monotonic(), outcome.first_token_s - outcome.admitted_s, tpot)
-    e2e = time.monotonic() - arrived_s
-    m.e2e_seconds.observe(e2e)
-    # One line per request: what `appliance logs analyze` ties latency spikes to.
-    log.info(
-        "request done",
-        extra={
-            "event": "request_done",
-            "request_id": request_id_var.get(),
-            "ev_status": status,
-            "ev_priority": lane.label,
-            "ev_kind": kind,
-            "ev_prompt_tokens": outcome.prompt_tokens,
-            "ev_completion_tokens": completion,
-            "ev_finish_reason": outcome.finish_reason,
-            "ev_queue_wait_s": _round(outcome.admitted_s, arrived_s),
-            "ev_ttft_s": _round(outcome.first_token_s, arrived_s),
-            "ev_tpot_s": None if tpot is None else round(tpot, 6),
-            "ev_e2e_s": round(e2e, 6),
-        },
-    )
-
-
-def _round(at_s: float | None, since_s: float) -> float | None:
-    return None if at_s is None else round(at_s - since_s, 6)
 
 
 # vLLM's endpoints, each under the appliance's key check; the generating ones admitted.

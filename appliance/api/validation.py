@@ -9,40 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from appliance.domain.engine_types import SamplingSpec
+from appliance.domain.lanes import LANE_NAMES, Lane
+from appliance.domain.parsed_request import Limits, ParsedRequest
 from appliance.errors import BadRequest, BodyTooLarge, ModelNotFound
-from appliance.services.admission import LANE_NAMES, Lane
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
 MAX_DEADLINE_MS = 3_600_000
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the served model and the config allow."""
-
-    model_name: str
-    max_model_len: int
-    max_tokens_default: int
-    max_body_bytes: int
-    vocab_size: int
-
-
-@dataclass(frozen=True)
-class ParsedRequest:
-    """A validated request, ready for admission."""
-
-    kind: str  # "chat" or "completion"
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingSpec
-    stream: bool
-    include_usage: bool
-    lane: Lane
-    deadline_ms: int | None
 
 
 def decode_body(raw: bytes, limit_bytes: int) -> dict[str, Any]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,21 @@ from appliance.bench_runner import (
     run_sweep,
     run_tuning,
 )
+from appliance.client import (
+    AdminError,
+    DaemonAddress,
+    SyncAdminClient,
+    add_daemon_arguments,
+    daemon_address,
+)
+from appliance.config import find_config_path, load_config
 from appliance.domain.analysis import ScoreWeights, Slo
+from appliance.errors import ConfigError
 
 BAD_INPUT_EXIT = 2
-DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_LEVELS = "1,2,4,8,16"
+# Storing a report writes the daemon's SQLite store; give a busy daemon time.
+RECORD_TIMEOUT_S = 30.0
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -66,10 +75,8 @@ def register(sub: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench options (shared by `appliance bench` and `python -m appliance.commands.bench`)."""
-    p.add_argument(
-        "--url", help=f"endpoint base URL (default: the configured daemon, {DEFAULT_URL})"
-    )
-    p.add_argument("--config", help="config file for the default URL and admin token")
+    # --token-file: telemetry from /admin/status, and the report stored in the daemon.
+    add_daemon_arguments(p, url_help="endpoint base URL, a daemon or any OpenAI server")
     p.add_argument("--scenario", choices=SCENARIOS, default="chat")
     p.add_argument(
         "--concurrency", default=DEFAULT_LEVELS, help=f"levels (default {DEFAULT_LEVELS})"
@@ -80,7 +87,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--model", help="model id (default: the first of GET /v1/models)")
     p.add_argument("--api-key", help="client API key for /v1 (default $OPENAI_API_KEY)")
-    p.add_argument("--token-file", help="admin token file, for telemetry from /admin/status")
     p.add_argument("--slo-ttft-s", type=float, help="P99 TTFT objective for the knee (s)")
     p.add_argument("--slo-tpot-s", type=float, help="P99 TPOT objective for the knee (s)")
     p.add_argument(
@@ -105,99 +111,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_config(args: argparse.Namespace) -> Any:
-    """The config when one can be read, else None (any endpoint works without one)."""
-    try:
-        from appliance.config import find_config_path, load_config
+@dataclass(frozen=True)
+class BenchPlan:
+    """What the arguments ask for, checked: the settings, the SLO, the weights, the daemon."""
 
-        return load_config(find_config_path(getattr(args, "config", None)))
-    except Exception:  # its defaults are only a guess for another endpoint
-        return None
-
-
-def _config_defaults(args: argparse.Namespace) -> tuple[str | None, Path | None]:
-    """(daemon URL, admin token path) from the config, when one can be read."""
-    cfg = _load_config(args)
-    if cfg is None:
-        return None, None
-    return (
-        f"http://{cfg.server.host}:{cfg.server.port}",
-        cfg.state_dir / cfg.server.admin_token_file,
-    )
+    settings: BenchSettings
+    slo: Slo | None  # None: the daemon's own, when it says
+    weights: ScoreWeights  # config.yaml's bench.weights (built-in 40/30/20/10 by default)
+    daemon: DaemonAddress
 
 
-def _weights(args: argparse.Namespace) -> ScoreWeights | None:
-    """The score weights of config.yaml (bench.weights), else the built-in 40/30/20/10."""
-    cfg = _load_config(args)
-    return None if cfg is None else cfg.bench.weights.to_policy()
-
-
-def _admin_call(
-    settings: BenchSettings, method: str, path: str, body: Any = None
-) -> dict[str, Any] | None:
-    """One admin API call to the benchmarked daemon; None without a token or on failure."""
-    if not settings.admin_token:
-        return None
-    req = urllib.request.Request(
-        settings.url + path,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={
-            "Authorization": f"Bearer {settings.admin_token}",
-            "Content-Type": "application/json",
-        },
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return dict(json.loads(resp.read()))
-    except (OSError, ValueError):
-        return None
-
-
-def daemon_slo(settings: BenchSettings) -> Slo | None:
-    """The SLO the daemon's controller steers by (GET /admin/status), when it says."""
-    status = _admin_call(settings, "GET", "/admin/status")
-    ctl = (status or {}).get("controller") or {}
-    ttft, tpot = ctl.get("slo_ttft_p99_s"), ctl.get("slo_tpot_p99_s")
-    if ttft is None and tpot is None:
-        return None
-    return Slo(ttft_p99_s=ttft, tpot_p99_s=tpot)
-
-
-def record(settings: BenchSettings, report: BenchReport, apply: bool) -> str | None:
-    """Store the report in the daemon's database; with apply, its limit becomes the ceiling."""
-    path = "/admin/benchmarks" + ("?apply=1" if apply else "")
-    answer = _admin_call(settings, "POST", path, report.to_dict())
-    if answer is None:
-        return None
-    text = f"stored as benchmark {answer.get('id')} in the daemon's database"
-    if answer.get("applied"):
-        text += f"; the controller's ceiling is now {answer.get('ceiling')}"
-    return text
-
-
-def _admin_token(args: argparse.Namespace, default_path: Path | None) -> str | None:
-    if args.token_file:
-        try:
-            return Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise ValueError(
-                f"token-file: cannot read {args.token_file} ({exc.strerror})"
-            ) from None
-    env = os.environ.get("APPLIANCE_ADMIN_TOKEN")
-    if env:
-        return env.strip()
-    if default_path is not None and default_path.is_file():
-        try:
-            return default_path.read_text().strip()
-        except OSError:
-            return None
-    return None
-
-
-def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, Slo | None]:
-    """Validated settings and SLO; ValueError names the bad option."""
-    levels = parse_levels(args.concurrency)
+def _check_numbers(args: argparse.Namespace) -> None:
     if args.requests_per_level is not None and args.requests_per_level < 1:
         raise ValueError(f"requests-per-level: must be >= 1, got {args.requests_per_level}")
     if args.max_tokens < 1:
@@ -210,25 +134,71 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, Slo | N
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"{name.replace('_', '-')}: must be > 0, got {value}")
-    cfg_url, token_path = _config_defaults(args)
-    url = (args.url or cfg_url or DEFAULT_URL).rstrip("/")
-    if cfg_url is None or url != cfg_url.rstrip("/"):
-        token_path = None  # the local daemon's token is never sent to another endpoint
+
+
+def plan_from_args(args: argparse.Namespace) -> BenchPlan:
+    """The checked plan; ValueError names the bad option, ConfigError the bad config key.
+
+    The endpoint and admin token are found as every client finds the daemon
+    (appliance.client); the configured daemon's token is never sent to another endpoint.
+    """
+    levels = parse_levels(args.concurrency)
+    _check_numbers(args)
+    cfg = load_config(find_config_path(args.config))
+    daemon = daemon_address(cfg, url=args.url, token_file=args.token_file)
+    if args.token_file and daemon.token.value is None:
+        raise ValueError(f"token-file: cannot read {args.token_file} ({daemon.token.problem})")
     slo = None
     if args.slo_ttft_s is not None or args.slo_tpot_s is not None:
         slo = Slo(ttft_p99_s=args.slo_ttft_s, tpot_p99_s=args.slo_tpot_s)
     settings = BenchSettings(
-        url=url,
+        url=daemon.url,
         scenario=args.scenario,
         concurrency=levels,
         requests_per_level=args.requests_per_level,
         max_tokens=args.max_tokens,
         model=args.model,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None,
-        admin_token=_admin_token(args, token_path),
+        admin_token=daemon.token.value,
         warmup_requests=args.warmup,
     )
-    return settings, slo
+    return BenchPlan(settings, slo, cfg.bench.weights.to_policy(), daemon)
+
+
+def daemon_slo(daemon: DaemonAddress) -> Slo | None:
+    """The SLO the daemon's controller steers by (GET /admin/status), when it says.
+
+    None without a token, or from an endpoint that is not an appliance.
+    """
+    if daemon.token.value is None:
+        return None
+    try:
+        status = SyncAdminClient.at(daemon).run(lambda c: c.status())
+    except AdminError:
+        return None
+    ctl = status.get("controller") or {}
+    ttft, tpot = ctl.get("slo_ttft_p99_s"), ctl.get("slo_tpot_p99_s")
+    if ttft is None and tpot is None:
+        return None
+    return Slo(ttft_p99_s=ttft, tpot_p99_s=tpot)
+
+
+def record(daemon: DaemonAddress, report: BenchReport, apply: bool) -> str | None:
+    """Store the report in the daemon's database; with apply, its limit becomes the ceiling.
+
+    What happened, as a line for the operator; None without an admin token.
+    """
+    if daemon.token.value is None:
+        return None
+    client = SyncAdminClient.at(daemon, timeout_s=RECORD_TIMEOUT_S)
+    try:
+        answer = client.run(lambda c: c.record_benchmark(report.to_dict(), apply))
+    except AdminError as exc:
+        return f"not stored in the daemon's database: {exc.message}"
+    text = f"stored as benchmark {answer.get('id')} in the daemon's database"
+    if answer.get("applied"):
+        text += f"; the controller's ceiling is now {answer.get('ceiling')}"
+    return text
 
 
 class _PlainProgress:
@@ -289,29 +259,25 @@ def _make_progress() -> _PlainProgress | _RichProgress:
 
 
 def bench_result(
-    args: argparse.Namespace,
-    progress: ProgressFn | None = None,
-    settings_slo: tuple[BenchSettings, Slo | None] | None = None,
+    args: argparse.Namespace, progress: ProgressFn | None = None, plan: BenchPlan | None = None
 ) -> BenchReport:
     """Run what the arguments ask for and return the report (raises ValueError, BenchError).
 
     Without --slo-* the SLO is the one the benchmarked daemon steers by, where it says.
     """
-    settings, slo = settings_slo or settings_from_args(args)
-    if slo is None:
-        slo = daemon_slo(settings)
-    weights = _weights(args)
+    plan = plan or plan_from_args(args)
+    slo = plan.slo if plan.slo is not None else daemon_slo(plan.daemon)
     if args.tune:
         coro = run_tuning(
-            settings,
+            plan.settings,
             slo,
             max_concurrency=args.max_concurrency,
             max_limit=args.max_concurrency,
-            weights=weights,
+            weights=plan.weights,
             progress=progress,
         )
     else:
-        coro = run_sweep(settings, slo, weights=weights, progress=progress)
+        coro = run_sweep(plan.settings, slo, weights=plan.weights, progress=progress)
     return asyncio.run(coro)
 
 
@@ -416,25 +382,7 @@ def write_plot(report: BenchReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-def run(args: argparse.Namespace) -> int:
-    """0 when the sweep ran, 1 when the endpoint failed it, 2 on bad input."""
-    progress = _make_progress()
-    try:
-        settings_slo = settings_from_args(args)
-        report = bench_result(args, progress, settings_slo)
-    except ValueError as exc:
-        progress.close()
-        print(f"bench: {exc}", file=sys.stderr)
-        return BAD_INPUT_EXIT
-    except BenchError as exc:
-        progress.close()
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    progress.close()
-    if not getattr(args, "no_record", False):
-        stored = record(settings_slo[0], report, apply=args.tune and not args.no_apply)
-        if stored:
-            print(f"bench: {stored}", file=sys.stderr)
+def _write_outputs(args: argparse.Namespace, report: BenchReport) -> int:
     if args.json:
         print(report.to_json())
     else:
@@ -450,6 +398,24 @@ def run(args: argparse.Namespace) -> int:
             )
             return BAD_INPUT_EXIT
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 when the sweep ran, 1 when the endpoint failed it, 2 on bad input or a bad config."""
+    progress = _make_progress()
+    try:
+        plan = plan_from_args(args)
+        report = bench_result(args, progress, plan)
+    except (ValueError, ConfigError, BenchError) as exc:
+        progress.close()
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, BenchError) else BAD_INPUT_EXIT
+    progress.close()
+    if not args.no_record:
+        stored = record(plan.daemon, report, apply=args.tune and not args.no_apply)
+        if stored:
+            print(f"bench: {stored}", file=sys.stderr)
+    return _write_outputs(args, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,11 +6,10 @@ import argparse
 import sys
 from typing import Any
 
+from appliance.commands._config import CONFIG_ERROR_EXIT
 from appliance.config import find_config_path, load_config
 from appliance.errors import ConfigError
 from appliance.precheck import CheckResult, exit_code, render_json, render_table, run_prechecks
-
-CONFIG_ERROR_EXIT = 2  # CONTRACT.md: a bad config exits 2, naming each bad key
 
 
 def register(sub: Any) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from appliance.domain.limits import SLO_RANGE_TEXT, Problem, in_slo_range, raise_problems
+
 LATENCY_FIELDS = ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
 BASELINE_CONCURRENCY = 8
 
@@ -73,10 +75,11 @@ class Slo:
     e2e_p99_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in LATENCY_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"slo.{name}: must be > 0 or None, got {value}")
+        raise_problems(
+            Problem(f"slo.{name}", f"must be in {SLO_RANGE_TEXT} or None, got {value}")
+            for name in LATENCY_FIELDS
+            if (value := getattr(self, name)) is not None and not in_slo_range(value)
+        )
 
     def breaches(self, point: SweepPoint) -> list[str]:
         """Each objective the point breaks, as text ('p99 TTFT 2.3 s > 1.5 s')."""
@@ -119,12 +122,15 @@ class ScoreWeights:
     energy: float = 0.1
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"weights.{f.name}: must be a finite number >= 0, got {value}")
-        if sum(getattr(self, f.name) for f in fields(self)) <= 0:
-            raise ValueError("weights: at least one weight must be > 0")
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        problems = [
+            Problem(f"weights.{name}", f"must be a finite number >= 0, got {value}")
+            for name, value in values.items()
+            if not (math.isfinite(value) and value >= 0)
+        ]
+        if not problems and sum(values.values()) <= 0:
+            problems.append(Problem("weights", "at least one weight must be > 0"))
+        raise_problems(problems)
 
 
 @dataclass(frozen=True)

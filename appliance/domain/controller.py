@@ -39,6 +39,15 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from appliance.domain.limits import (
+    CONCURRENCY_RANGE_TEXT,
+    SLO_RANGE_TEXT,
+    Problem,
+    in_concurrency_range,
+    in_slo_range,
+    raise_problems,
+)
+
 # Products like 16 x 0.75 must floor to 12, not to 11 by an ulp.
 _EPS = 1e-9
 
@@ -82,50 +91,71 @@ class ControllerConfig:
     tick_s: float = 2.0
 
     def __post_init__(self) -> None:
-        problems = []
-        if not self.slo_ttft_p99_s > 0:
-            problems.append(f"slo_ttft_p99_s: must be > 0, got {self.slo_ttft_p99_s}")
-        if self.slo_tpot_p99_s is not None and not self.slo_tpot_p99_s > 0:
-            problems.append(f"slo_tpot_p99_s: must be > 0 or None, got {self.slo_tpot_p99_s}")
-        if self.min_limit < 1:
-            problems.append(f"min_limit: must be >= 1, got {self.min_limit}")
-        if self.max_limit < self.min_limit:
-            problems.append(
-                f"max_limit: must be >= min_limit ({self.min_limit}), got {self.max_limit}"
+        raise_problems(_config_problems(self))
+
+
+def _config_problems(cfg: ControllerConfig) -> list[Problem]:
+    """Every invariant of the controller's numbers, however the config was built."""
+    problems = []
+    if not in_slo_range(cfg.slo_ttft_p99_s):
+        problems.append(
+            Problem("slo_ttft_p99_s", f"must be in {SLO_RANGE_TEXT}, got {cfg.slo_ttft_p99_s}")
+        )
+    if cfg.slo_tpot_p99_s is not None and not in_slo_range(cfg.slo_tpot_p99_s):
+        problems.append(
+            Problem(
+                "slo_tpot_p99_s", f"must be in {SLO_RANGE_TEXT} or None, got {cfg.slo_tpot_p99_s}"
             )
-        if not 0 < self.kv_high_ratio <= 1:
-            problems.append(f"kv_high_ratio: must be in (0, 1], got {self.kv_high_ratio}")
-        if not 0 < self.kv_probe_max_ratio <= self.kv_high_ratio:
+        )
+    for name in ("min_limit", "max_limit"):
+        if not in_concurrency_range(getattr(cfg, name)):
             problems.append(
-                f"kv_probe_max_ratio: must be in (0, kv_high_ratio={self.kv_high_ratio}], "
-                f"got {self.kv_probe_max_ratio}"
+                Problem(name, f"must be in {CONCURRENCY_RANGE_TEXT}, got {getattr(cfg, name)}")
             )
-        if not 0 < self.decrease_factor < 1:
-            problems.append(f"decrease_factor: must be in (0, 1), got {self.decrease_factor}")
-        if not self.mild_breach_ratio >= 1:
-            problems.append(f"mild_breach_ratio: must be >= 1, got {self.mild_breach_ratio}")
-        if self.increase_step < 1:
-            problems.append(f"increase_step: must be >= 1, got {self.increase_step}")
-        if not 0 < self.probe_below_ratio <= 1:
-            problems.append(f"probe_below_ratio: must be in (0, 1], got {self.probe_below_ratio}")
-        for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if self.retry_ticks < 1:
-            problems.append(f"retry_ticks: must be >= 1, got {self.retry_ticks}")
-        if self.retry_ticks_max < self.retry_ticks:
-            problems.append(
-                f"retry_ticks_max: must be >= retry_ticks ({self.retry_ticks}), "
-                f"got {self.retry_ticks_max}"
+    if cfg.max_limit < cfg.min_limit:
+        problems.append(
+            Problem("max_limit", f"must be >= {{min_limit}} ({cfg.min_limit}), got {cfg.max_limit}")
+        )
+    if not 0 < cfg.kv_high_ratio <= 1:
+        problems.append(Problem("kv_high_ratio", f"must be in (0, 1], got {cfg.kv_high_ratio}"))
+    # Only against a valid kv_high_ratio: a bad one is the problem to report (and the config
+    # file derives this ratio from it).
+    elif not 0 < cfg.kv_probe_max_ratio <= cfg.kv_high_ratio:
+        problems.append(
+            Problem(
+                "kv_probe_max_ratio",
+                f"must be in (0, {{kv_high_ratio}}={cfg.kv_high_ratio}], "
+                f"got {cfg.kv_probe_max_ratio}",
             )
-        if not self.window_s > 0:
-            problems.append(f"window_s: must be > 0, got {self.window_s}")
-        if self.min_samples < 1:
-            problems.append(f"min_samples: must be >= 1, got {self.min_samples}")
-        if not self.tick_s > 0:
-            problems.append(f"tick_s: must be > 0, got {self.tick_s}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        )
+    if not 0 < cfg.decrease_factor < 1:
+        problems.append(Problem("decrease_factor", f"must be in (0, 1), got {cfg.decrease_factor}"))
+    if not cfg.mild_breach_ratio >= 1:
+        problems.append(Problem("mild_breach_ratio", f"must be >= 1, got {cfg.mild_breach_ratio}"))
+    if cfg.increase_step < 1:
+        problems.append(Problem("increase_step", f"must be >= 1, got {cfg.increase_step}"))
+    if not 0 < cfg.probe_below_ratio <= 1:
+        problems.append(
+            Problem("probe_below_ratio", f"must be in (0, 1], got {cfg.probe_below_ratio}")
+        )
+    for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease"):
+        if getattr(cfg, name) < 0:
+            problems.append(Problem(name, f"must be >= 0, got {getattr(cfg, name)}"))
+    if cfg.retry_ticks < 1:
+        problems.append(Problem("retry_ticks", f"must be >= 1, got {cfg.retry_ticks}"))
+    if cfg.retry_ticks_max < cfg.retry_ticks:
+        problems.append(
+            Problem(
+                "retry_ticks_max",
+                f"must be >= {{retry_ticks}} ({cfg.retry_ticks}), got {cfg.retry_ticks_max}",
+            )
+        )
+    for name in ("window_s", "tick_s"):
+        if not getattr(cfg, name) > 0:
+            problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
+    if cfg.min_samples < 1:
+        problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    return problems
 
 
 @dataclass(frozen=True)
@@ -327,184 +357,266 @@ def _manual(
     return _finish(cfg, inputs, state, tick, base, Action.MANUAL, reason)
 
 
+@dataclass(frozen=True)
+class _Tick:
+    """What one auto tick works from: the bounds, the limit in force and the judged window."""
+
+    cfg: ControllerConfig
+    inputs: ControlInputs
+    state: ControllerState
+    tick: int
+    factor: float  # thermal derate in force
+    upper: int  # max_limit, or the knee from the last benchmark when that is lower
+    base: int  # base limit in force
+    limit: int  # effective limit in force (base x derate)
+    ttft: float | None  # the window's p99s, None unless it holds min_samples requests
+    tpot: float | None
+    kv: float
+
+    def finish(self, base: int, action: Action, reason: str, **updates: Any) -> ControlDecision:
+        """The decision for a new base limit (updates go to the next state)."""
+        return _finish(
+            self.cfg, self.inputs, self.state, self.tick, base, action, reason, **updates
+        )
+
+    def hold(self, why: str) -> ControlDecision:
+        """Keep the base limit, saying why."""
+        return self.finish(self.base, Action.HOLD, f"holding {self.limit}: {why}")
+
+
 def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) -> ControlDecision:
+    t = _start_tick(cfg, inputs, state)
+    # 1. Into bounds first: a new knee, a config change or an operator may have moved them.
+    clamped = _clamp(t)
+    if clamped is not None:
+        return clamped
+    # 2. Back off.
+    causes = _breaches(t)
+    if causes:
+        return _back_off(t, ", ".join(causes))
+    # 3. Hold unless every condition for a probe holds.
+    return _probe(t)
+
+
+def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) -> _Tick:
     tick = state.tick + 1
-    factor = inputs.derate_factor
     knee = inputs.knee_limit
     upper = cfg.max_limit if knee is None else min(cfg.max_limit, max(cfg.min_limit, knee))
-    base = inputs.current_limit
-    limit = derated(base, factor)
-
     # A retry at the breaking point that held as long as the wait before it: the memory is
     # stale (the wait it earned stays, so a flapping level is still revisited rarely).
     retry_wait = state.retry_ticks or cfg.retry_ticks
     if state.retrying_since_tick is not None and tick - state.retrying_since_tick > retry_wait:
         state = replace(state, barrier=False, retrying_since_tick=None)
-
-    # 1. Into bounds first: a new knee, a config change or an operator may have moved them.
-    if base > upper or base < cfg.min_limit:
-        new_base = min(upper, max(cfg.min_limit, base))
-        new_limit = derated(new_base, factor)
-        if base > upper:
-            why = (
-                f"above the knee {knee} from the last benchmark"
-                if knee is not None and upper == max(cfg.min_limit, knee)
-                else f"above max_limit {cfg.max_limit}"
-            )
-        else:
-            why = f"below min_limit {cfg.min_limit}"
-        reason = f"limit {base} {why}: {_move(limit, new_limit, base, new_base, factor)}"
-        return _finish(cfg, inputs, state, tick, new_base, Action.CLAMP, reason)
-
     enough = inputs.requests_in_window >= cfg.min_samples
-    ttft = inputs.ttft_p99_s if enough else None
-    tpot = inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None
-    kv = inputs.kv_cache_usage_ratio
+    return _Tick(
+        cfg=cfg,
+        inputs=inputs,
+        state=state,
+        tick=tick,
+        factor=inputs.derate_factor,
+        upper=upper,
+        base=inputs.current_limit,
+        limit=derated(inputs.current_limit, inputs.derate_factor),
+        ttft=inputs.ttft_p99_s if enough else None,
+        tpot=inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None,
+        kv=inputs.kv_cache_usage_ratio,
+    )
+
+
+def _clamp(t: _Tick) -> ControlDecision | None:
+    """Move a base limit outside [min_limit, upper] to the nearest bound; None when inside."""
+    cfg, base, knee = t.cfg, t.base, t.inputs.knee_limit
+    if cfg.min_limit <= base <= t.upper:
+        return None
+    new_base = min(t.upper, max(cfg.min_limit, base))
+    new_limit = derated(new_base, t.factor)
+    if base > t.upper:
+        why = (
+            f"above the knee {knee} from the last benchmark"
+            if knee is not None and t.upper == max(cfg.min_limit, knee)
+            else f"above max_limit {cfg.max_limit}"
+        )
+    else:
+        why = f"below min_limit {cfg.min_limit}"
+    reason = f"limit {base} {why}: {_move(t.limit, new_limit, base, new_base, t.factor)}"
+    return t.finish(new_base, Action.CLAMP, reason)
+
+
+def _breaches(t: _Tick) -> list[str]:
+    """What breaks this tick: KV over its high mark, a p99 over its SLO."""
+    cfg = t.cfg
     causes = []
-    if kv > cfg.kv_high_ratio:
-        causes.append(f"KV cache {kv:.0%} > {cfg.kv_high_ratio:.0%}")
-    if ttft is not None and ttft > cfg.slo_ttft_p99_s:
-        causes.append(f"p99 TTFT {_fmt_s(ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}")
-    if tpot is not None and cfg.slo_tpot_p99_s is not None and tpot > cfg.slo_tpot_p99_s:
-        causes.append(f"p99 TPOT {_fmt_s(tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
+    if t.kv > cfg.kv_high_ratio:
+        causes.append(f"KV cache {t.kv:.0%} > {cfg.kv_high_ratio:.0%}")
+    if t.ttft is not None and t.ttft > cfg.slo_ttft_p99_s:
+        causes.append(f"p99 TTFT {_fmt_s(t.ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}")
+    if t.tpot is not None and cfg.slo_tpot_p99_s is not None and t.tpot > cfg.slo_tpot_p99_s:
+        causes.append(f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
+    return causes
 
-    # 2. Back off.
-    if causes:
-        cause = ", ".join(causes)
-        worst = max(
-            (ttft or 0.0) / cfg.slo_ttft_p99_s,
-            (tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
+
+def _is_mild(t: _Tick) -> bool:
+    """Every p99 within mild_breach_ratio x its SLO and KV not over its mark: one step back."""
+    cfg = t.cfg
+    worst = max(
+        (t.ttft or 0.0) / cfg.slo_ttft_p99_s,
+        (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
+    )
+    return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
+
+
+def _cut_base(t: _Tick, mild: bool) -> int:
+    """The base limit after a cut: one step when mild, else x decrease_factor (>= one step)."""
+    cfg = t.cfg
+    floor_limit = derated(cfg.min_limit, t.factor)
+    if mild:
+        target = max(floor_limit, t.limit - cfg.increase_step)
+    else:
+        target = max(
+            floor_limit, min(t.limit - 1, math.floor(t.limit * cfg.decrease_factor + _EPS))
         )
-        mild = kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
-        since_cut = None if state.last_decrease_tick is None else tick - state.last_decrease_tick
-        if since_cut is not None and since_cut <= cfg.hold_ticks_after_decrease:
-            wait = cfg.hold_ticks_after_decrease - since_cut + 1
-            reason = f"{cause}: holding {limit}, {wait} more tick(s) for the last cut to show"
-            return _finish(cfg, inputs, state, tick, base, Action.HOLD, reason)
-        floor_limit = derated(cfg.min_limit, factor)
-        if mild:
-            target = max(floor_limit, limit - cfg.increase_step)
-        else:
-            target = max(
-                floor_limit, min(limit - 1, math.floor(limit * cfg.decrease_factor + _EPS))
-            )
-        new_base = min(upper, max(cfg.min_limit, base_for(target, factor)))
-        new_limit = derated(new_base, factor)
-        if new_limit >= limit:
-            reason = f"{cause}: already at the minimum {limit}"
-            return _finish(cfg, inputs, state, tick, base, Action.HOLD, reason)
-        retry = state.retry_ticks or cfg.retry_ticks
-        if state.breach_base is not None and base >= state.breach_base:
-            # The old breaking point (or above) broke again, on a retry or after one that
-            # seemed to hold: wait longer before the next try. A lower level breaking means
-            # the load got heavier, not that the retries were too eager.
-            retry = min(cfg.retry_ticks_max, retry * 2)
-        how = f" (mild, within {cfg.mild_breach_ratio:g}x: one step)" if mild else ""
-        reason = f"{cause}{how}: {_move(limit, new_limit, base, new_base, factor)}"
-        return _finish(
-            cfg,
-            inputs,
-            state,
-            tick,
-            new_base,
-            Action.DOWN,
-            reason,
-            last_decrease_tick=tick,
-            breach_base=base,
-            barrier=True,
-            breach_tick=tick,
-            retry_ticks=retry,
-            retrying_since_tick=None,
-        )
+    return min(t.upper, max(cfg.min_limit, base_for(target, t.factor)))
 
-    # 3. Hold unless every condition for a probe holds.
-    def hold(why: str) -> ControlDecision:
-        return _finish(cfg, inputs, state, tick, base, Action.HOLD, f"holding {limit}: {why}")
 
+def _retry_wait_after_breach(t: _Tick) -> int:
+    """The wait before probing the breaking point again, doubled when it broke again."""
+    retry = t.state.retry_ticks or t.cfg.retry_ticks
+    if t.state.breach_base is not None and t.base >= t.state.breach_base:
+        # The old breaking point (or above) broke again, on a retry or after one that
+        # seemed to hold: wait longer before the next try. A lower level breaking means
+        # the load got heavier, not that the retries were too eager.
+        retry = min(t.cfg.retry_ticks_max, retry * 2)
+    return retry
+
+
+def _back_off(t: _Tick, cause: str) -> ControlDecision:
+    cfg, state, tick, limit = t.cfg, t.state, t.tick, t.limit
+    since_cut = None if state.last_decrease_tick is None else tick - state.last_decrease_tick
+    if since_cut is not None and since_cut <= cfg.hold_ticks_after_decrease:
+        wait = cfg.hold_ticks_after_decrease - since_cut + 1
+        reason = f"{cause}: holding {limit}, {wait} more tick(s) for the last cut to show"
+        return t.finish(t.base, Action.HOLD, reason)
+    mild = _is_mild(t)
+    new_base = _cut_base(t, mild)
+    new_limit = derated(new_base, t.factor)
+    if new_limit >= limit:
+        return t.finish(t.base, Action.HOLD, f"{cause}: already at the minimum {limit}")
+    how = f" (mild, within {cfg.mild_breach_ratio:g}x: one step)" if mild else ""
+    reason = f"{cause}{how}: {_move(limit, new_limit, t.base, new_base, t.factor)}"
+    return t.finish(
+        new_base,
+        Action.DOWN,
+        reason,
+        last_decrease_tick=tick,
+        breach_base=t.base,
+        barrier=True,
+        breach_tick=tick,
+        retry_ticks=_retry_wait_after_breach(t),
+        retrying_since_tick=None,
+    )
+
+
+def _probe_blocker(t: _Tick) -> str | None:
+    """Why this tick may not probe up, or None when every condition for a probe holds."""
+    cfg, inputs, limit, factor = t.cfg, t.inputs, t.limit, t.factor
     if inputs.protect:
-        return hold("thermal PROTECT, not probing")
+        return "thermal PROTECT, not probing"
     if factor < 1 - _EPS:
         # Probing under a derate would hand back the load the thermal policy just took away,
         # and the two would fight down to the thermal floor.
-        return hold(f"thermal derate x{factor:.2f} in force, not probing")
-    if ttft is None:
-        return hold(
+        return f"thermal derate x{factor:.2f} in force, not probing"
+    if t.ttft is None:
+        return (
             f"{inputs.requests_in_window} request(s) in the window, "
             f"{cfg.min_samples} needed to judge the SLO"
         )
     ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
-    if ttft >= ttft_probe:
-        return hold(
-            f"p99 TTFT {_fmt_s(ttft)} within SLO {_fmt_s(cfg.slo_ttft_p99_s)} "
+    if t.ttft >= ttft_probe:
+        return (
+            f"p99 TTFT {_fmt_s(t.ttft)} within SLO {_fmt_s(cfg.slo_ttft_p99_s)} "
             f"(probing needs < {_fmt_s(ttft_probe)})"
         )
-    if tpot is not None and cfg.slo_tpot_p99_s is not None:
+    if t.tpot is not None and cfg.slo_tpot_p99_s is not None:
         tpot_probe = cfg.slo_tpot_p99_s * cfg.probe_below_ratio
-        if tpot >= tpot_probe:
-            return hold(
-                f"p99 TPOT {_fmt_s(tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
+        if t.tpot >= tpot_probe:
+            return (
+                f"p99 TPOT {_fmt_s(t.tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
                 f"(probing needs < {_fmt_s(tpot_probe)})"
             )
     # A burst the predictor sees coming counts like a queue: raise the limit before it lands,
     # while latency still has room, instead of after the queue and the TTFT have grown.
     ahead = inputs.forecast_pending is not None and inputs.forecast_pending > limit
     if (inputs.queued == 0 or inputs.in_flight == 0) and not ahead:
-        return hold(f"no queue ({inputs.queued} waiting, {inputs.in_flight} running)")
-    if kv >= cfg.kv_probe_max_ratio:
-        return hold(f"KV cache {kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}")
-    if state.last_change_tick is not None:
-        since = tick - state.last_change_tick
+        return f"no queue ({inputs.queued} waiting, {inputs.in_flight} running)"
+    if t.kv >= cfg.kv_probe_max_ratio:
+        return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
+    if t.state.last_change_tick is not None:
+        since = t.tick - t.state.last_change_tick
         if since <= cfg.hold_ticks_after_increase:
             wait = cfg.hold_ticks_after_increase - since + 1
-            return hold(f"{wait} more tick(s) after the last change")
-    new_base = min(upper, base_for(limit + cfg.increase_step, factor))
+            return f"{wait} more tick(s) after the last change"
+    return None
+
+
+def _respect_breach(t: _Tick, new_base: int) -> tuple[int, int | None, str | None]:
+    """Cap a probe by the remembered breaking point: (base, retrying since, why to hold)."""
+    state, factor, limit, tick = t.state, t.factor, t.limit, t.tick
     retrying_since = state.retrying_since_tick
-    if state.barrier and state.breach_base is not None and new_base >= state.breach_base:
-        assert state.breach_tick is not None
-        waited = tick - state.breach_tick
-        retry = state.retry_ticks or cfg.retry_ticks
-        if retrying_since is not None:
-            # A retry is on: stay at the old breaking point until it has held a while.
-            capped = min(new_base, state.breach_base)
-            if derated(capped, factor) <= limit:
-                left = retry - (tick - retrying_since) + 1
-                return hold(
-                    f"retrying {state.breach_base}, {left} more tick(s) before going higher"
-                )
-            new_base = capped
-        elif waited < retry:
-            capped = min(new_base, state.breach_base - 1)
-            if derated(capped, factor) <= limit:
-                return hold(
-                    f"staying below {state.breach_base} where the SLO broke {waited} tick(s) "
-                    f"ago (retry in {retry - waited})"
-                )
-            new_base = capped
-        else:
-            retrying_since = tick
+    if not (state.barrier and state.breach_base is not None and new_base >= state.breach_base):
+        return new_base, retrying_since, None
+    assert state.breach_tick is not None
+    waited = tick - state.breach_tick
+    retry = state.retry_ticks or t.cfg.retry_ticks
+    if retrying_since is not None:
+        # A retry is on: stay at the old breaking point until it has held a while.
+        capped = min(new_base, state.breach_base)
+        if derated(capped, factor) <= limit:
+            left = retry - (tick - retrying_since) + 1
+            why = f"retrying {state.breach_base}, {left} more tick(s) before going higher"
+            return new_base, retrying_since, why
+        return capped, retrying_since, None
+    if waited < retry:
+        capped = min(new_base, state.breach_base - 1)
+        if derated(capped, factor) <= limit:
+            why = (
+                f"staying below {state.breach_base} where the SLO broke {waited} tick(s) "
+                f"ago (retry in {retry - waited})"
+            )
+            return new_base, retrying_since, why
+        return capped, retrying_since, None
+    return new_base, tick, None
+
+
+def _probe_pressure(t: _Tick) -> str:
+    """What asks for more: the queue, or the predictor's forecast of one."""
+    inputs = t.inputs
+    if inputs.queued > 0 and inputs.in_flight > 0:
+        return f"{inputs.queued} queued"
+    return (
+        f"forecast {inputs.forecast_pending:.1f} pending in "
+        f"{inputs.forecast_horizon_s or 0:g} s ({inputs.forecast_source}) > limit {t.limit}"
+    )
+
+
+def _probe(t: _Tick) -> ControlDecision:
+    cfg, limit, factor = t.cfg, t.limit, t.factor
+    blocker = _probe_blocker(t)
+    if blocker is not None:
+        return t.hold(blocker)
+    wanted = min(t.upper, base_for(limit + cfg.increase_step, factor))
+    new_base, retrying_since, blocker = _respect_breach(t, wanted)
+    if blocker is not None:
+        return t.hold(blocker)
     new_limit = derated(new_base, factor)
     if new_limit <= limit:
-        ceiling = f"the knee {knee}" if upper != cfg.max_limit else f"max_limit {cfg.max_limit}"
-        return hold(f"at the ceiling ({ceiling})")
-    if inputs.queued > 0 and inputs.in_flight > 0:
-        pressure = f"{inputs.queued} queued"
-    else:
-        pressure = (
-            f"forecast {inputs.forecast_pending:.1f} pending in "
-            f"{inputs.forecast_horizon_s or 0:g} s ({inputs.forecast_source}) > limit {limit}"
-        )
+        knee = t.inputs.knee_limit
+        ceiling = f"the knee {knee}" if t.upper != cfg.max_limit else f"max_limit {cfg.max_limit}"
+        return t.hold(f"at the ceiling ({ceiling})")
+    assert t.ttft is not None  # _probe_blocker holds without a judged TTFT
+    ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
     reason = (
-        f"p99 TTFT {_fmt_s(ttft)} < {_fmt_s(ttft_probe)} "
+        f"p99 TTFT {_fmt_s(t.ttft)} < {_fmt_s(ttft_probe)} "
         f"({cfg.probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_ttft_p99_s)}), "
-        f"{pressure}: {_move(limit, new_limit, base, new_base, factor)}"
+        f"{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
     )
-    return _finish(
-        cfg,
-        inputs,
-        state,
-        tick,
-        new_base,
-        Action.UP,
-        reason,
-        retrying_since_tick=retrying_since,
-    )
+    return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)

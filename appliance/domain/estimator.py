@@ -22,7 +22,7 @@ Memory shares, one meaning everywhere (the CLI, /admin/estimate and the daemon's
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 GIB = 1024**3
@@ -763,6 +763,78 @@ def _recommended_seqs(max_concurrent: int, device: Device) -> int:
     return n - n % 8 if device == "cuda" and n >= 8 else n
 
 
+@dataclass(frozen=True)
+class _Request:
+    """estimate()'s arguments, with seq_len resolved."""
+
+    spec: ModelSpec
+    device_memory_bytes: int
+    seq_len: int
+    batch_size: int
+    kv_dtype: str
+    v_dtype: str | None
+    weight_dtype: str
+    device: Device
+    device_name: str
+    compute_capability: float | None
+    usable_fraction: float
+    tensor_parallel_size: int
+    block_size: int | None
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+    kv_cache_bytes_budget: int | None
+    gpu_memory_utilization: float | None
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """What the engine runs with: dtypes, block size, batch sizes, tokens in flight."""
+
+    k: str
+    v: str
+    weight_dtype: str
+    block: int
+    vllm_block: int
+    batched: int
+    seqs: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """Where the memory goes before the KV cache, and what the KV cache may have."""
+
+    weights: int
+    runtime: RuntimeBuffers
+    margin: int
+    usable: int
+    base: int  # weights + runtime + margin
+    engine_share: int | None  # the engine's bytes at a configured gpu_memory_utilization
+    fixed_kv: int | None  # a KV budget set from outside (CPU space or the engine's share)
+    kv_budget: int
+    kv_source: str
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The requested batch against the budget, and how many such sequences fit."""
+
+    row: BatchRow
+    per_seq: int
+    pool_blocks: int
+    over_usable: bool
+    too_long: bool
+    max_concurrent: int
+    vllm_tokens: int
+
+
+@dataclass(frozen=True)
+class _Recommendation:
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_model_len: int
+
+
 def estimate(
     spec: ModelSpec,
     *,
@@ -784,132 +856,10 @@ def estimate(
     gpu_memory_utilization: float | None = None,
 ) -> MemoryPlan:
     """Plan memory for batch_size sequences of seq_len tokens on one device (one TP rank)."""
-    # The KV budget is, in order of precedence: kv_cache_bytes_budget (the CPU engine's fixed
-    # KV space); what vLLM reserves at a configured gpu_memory_utilization; else what the
-    # usable share leaves after weights, runtime buffers and the safety margin.
     seq = min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if seq_len is None else seq_len
-    if device not in RUNTIME_FIXED_BYTES:
-        raise EstimateInputError("device", f"must be 'cuda' or 'cpu', got {device!r}")
-    _check_estimate_inputs(
-        device_memory_bytes,
-        seq,
-        batch_size,
-        usable_fraction,
-        kv_cache_bytes_budget,
-        max_num_batched_tokens,
-        max_num_seqs,
-        gpu_memory_utilization,
-        device,
-    )
-    _check_tp(tensor_parallel_size)
-    k, v = kv_dtypes(spec, kv_dtype, v_dtype)
-    wdtype = runtime_dtype(spec, weight_dtype)
-    tp = tensor_parallel_size
-    vllm_block = vllm_block_size(spec, device, compute_capability)
-    block = vllm_block if block_size is None else block_size
-    _check_block_size(block)
-    batched = max_num_batched_tokens or vllm_default_max_num_batched_tokens(
-        device, device_memory_bytes, device_name
-    )
-    seqs_for_sampler = max_num_seqs or vllm_default_max_num_seqs(
-        device, device_memory_bytes, device_name
-    )
-    # Async scheduling on CUDA keeps two batches in flight; the CPU engine schedules one.
-    in_flight = batched * (2 if device == "cuda" else 1)
-
-    weights = weights_bytes(spec, weight_dtype, tp)
-    runtime = runtime_buffers(
-        spec,
-        max_num_batched_tokens=batched,
-        max_num_seqs=seqs_for_sampler,
-        device=device,
-        dtype=weight_dtype,
-        tensor_parallel_size=tp,
-    )
-    margin = safety_margin_bytes(device_memory_bytes)
-    usable = math.floor(device_memory_bytes * usable_fraction)
-    base = weights + runtime.total_bytes + margin
-    engine_share: int | None = None
-    fixed_kv: int | None = kv_cache_bytes_budget
-    if gpu_memory_utilization is not None:
-        # vLLM profiles weights and activations, then gives the KV cache the rest of its share.
-        engine_share = math.floor(device_memory_bytes * gpu_memory_utilization)
-        fixed_kv = engine_share - weights - runtime.total_bytes
-        kv_budget = max(fixed_kv, 0)
-        kv_source = f"gpu_memory_utilization {gpu_memory_utilization:g} less weights and runtime"
-    elif kv_cache_bytes_budget is None:
-        kv_budget, kv_source = max(usable - base, 0), "remainder of usable memory"
-    else:
-        kv_budget, kv_source = kv_cache_bytes_budget, "fixed KV space"
-    ctx = _Context(spec, k, v, tp, block, in_flight, fixed_kv, base, kv_budget, usable)
-
-    row = _row(ctx, batch_size, seq)
-    per_seq = _kv_sequence_bytes(ctx, seq)
-    pool_blocks = kv_pool_blocks(spec, kv_budget, block, k, v, tensor_parallel_size=tp)
-    per_seq_blocks = kv_blocks_per_sequence(spec, seq, block, in_flight)
-    # With a fixed KV budget the engine takes all of it up front, used or not.
-    over_usable = (
-        base + (fixed_kv if fixed_kv is not None else 0) > usable + SHARE_ROUNDING_SLACK_BYTES
-    )
-    too_long = seq > spec.max_position_embeddings
-    max_concurrent = 0 if over_usable or too_long else pool_blocks // per_seq_blocks
-    vllm_tokens = vllm_kv_cache_size_tokens(
-        spec, kv_budget, block, seq, k, v, in_flight_tokens=in_flight, tensor_parallel_size=tp
-    )
-
-    if too_long:
-        reason = (
-            f"does not fit: seq_len {seq} exceeds the model's max_position_embeddings "
-            f"({spec.max_position_embeddings})"
-        )
-    elif engine_share is not None and over_usable:
-        assert gpu_memory_utilization is not None
-        reason = (
-            f"does not fit: gpu_memory_utilization {gpu_memory_utilization:g} lets the engine "
-            f"take {_gib(engine_share)}; with the {_gib(margin)} safety margin that is "
-            f"{_gib(engine_share + margin)}, over the {usable_fraction:.0%} cap "
-            f"({_gib(usable)} of {_gib(device_memory_bytes)}): set gpu_memory_utilization to "
-            f"at most {gpu_memory_utilization_for(device_memory_bytes, usable_fraction):.2f}"
-        )
-    elif engine_share is not None and kv_budget <= 0:
-        reason = (
-            f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime.total_bytes)} = "
-            f"{_gib(weights + runtime.total_bytes)} leave nothing for the KV cache within the "
-            f"engine's {_gib(engine_share)} (gpu_memory_utilization {gpu_memory_utilization:g} "
-            f"of {_gib(device_memory_bytes)})"
-        )
-    elif kv_cache_bytes_budget is None and usable - base <= 0:
-        reason = (
-            f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime.total_bytes)} + "
-            f"margin {_gib(margin)} = {_gib(base)} leave nothing for the KV cache within "
-            f"{_gib(usable)} ({usable_fraction:.0%} of {_gib(device_memory_bytes)})"
-        )
-    elif kv_cache_bytes_budget is not None and over_usable:
-        reason = (
-            f"does not fit: KV space {_gib(kv_cache_bytes_budget)} + weights {_gib(weights)} + "
-            f"runtime {_gib(runtime.total_bytes)} + margin {_gib(margin)} = "
-            f"{_gib(base + kv_cache_bytes_budget)} exceed {_gib(usable)} "
-            f"({usable_fraction:.0%} of {_gib(device_memory_bytes)})"
-        )
-    elif not row.fits:
-        reason = (
-            f"does not fit: {batch_size} x {seq} tokens need {_gib(row.kv_cache_bytes)} of KV "
-            f"cache but {_gib(kv_budget)} is available ({max_concurrent} such sequences fit)"
-        )
-    else:
-        reason = (
-            f"fits: {batch_size} x {seq} tokens need {_gib(row.kv_cache_bytes)} of "
-            f"{_gib(kv_budget)} KV cache; {max_concurrent} sequences of this length fit"
-        )
-
-    recommended_util = gpu_memory_utilization_for(device_memory_bytes, usable_fraction)
-    recommended_seqs = _recommended_seqs(max_concurrent, device)
-    recommended_len = _longest_fitting_len(ctx, batch_size)
-    if gpu_memory_utilization not in (None, recommended_util) and recommended_util > 0:
-        # The recommendations are one setting: what fits at the recommended share, not at the
-        # configured one (which may break the cap and fit nothing).
-        at_recommended = estimate(
-            spec,
+    return _estimate(
+        _Request(
+            spec=spec,
             device_memory_bytes=device_memory_bytes,
             seq_len=seq,
             batch_size=batch_size,
@@ -924,18 +874,212 @@ def estimate(
             block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=recommended_util,
+            kv_cache_bytes_budget=kv_cache_bytes_budget,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
-        recommended_seqs = at_recommended.recommended_max_num_seqs
-        recommended_len = at_recommended.recommended_max_model_len
-    if engine_share is not None:
-        engine_memory = engine_share
-    elif kv_cache_bytes_budget is not None:
-        engine_memory = weights + runtime.total_bytes + kv_cache_bytes_budget
+    )
+
+
+def _estimate(req: _Request) -> MemoryPlan:
+    _check_request(req)
+    engine = _engine(req)
+    budget = _budget(req, engine)
+    ctx = _Context(
+        req.spec,
+        engine.k,
+        engine.v,
+        req.tensor_parallel_size,
+        engine.block,
+        engine.in_flight,
+        budget.fixed_kv,
+        budget.base,
+        budget.kv_budget,
+        budget.usable,
+    )
+    fit = _fit(req, engine, budget, ctx)
+    return _memory_plan(req, engine, budget, fit, ctx)
+
+
+def _check_request(req: _Request) -> None:
+    if req.device not in RUNTIME_FIXED_BYTES:
+        raise EstimateInputError("device", f"must be 'cuda' or 'cpu', got {req.device!r}")
+    _check_estimate_inputs(
+        req.device_memory_bytes,
+        req.seq_len,
+        req.batch_size,
+        req.usable_fraction,
+        req.kv_cache_bytes_budget,
+        req.max_num_batched_tokens,
+        req.max_num_seqs,
+        req.gpu_memory_utilization,
+        req.device,
+    )
+    _check_tp(req.tensor_parallel_size)
+
+
+def _engine(req: _Request) -> _Engine:
+    k, v = kv_dtypes(req.spec, req.kv_dtype, req.v_dtype)
+    wdtype = runtime_dtype(req.spec, req.weight_dtype)
+    vllm_block = vllm_block_size(req.spec, req.device, req.compute_capability)
+    block = vllm_block if req.block_size is None else req.block_size
+    _check_block_size(block)
+    batched = req.max_num_batched_tokens or vllm_default_max_num_batched_tokens(
+        req.device, req.device_memory_bytes, req.device_name
+    )
+    seqs_for_sampler = req.max_num_seqs or vllm_default_max_num_seqs(
+        req.device, req.device_memory_bytes, req.device_name
+    )
+    # Async scheduling on CUDA keeps two batches in flight; the CPU engine schedules one.
+    in_flight = batched * (2 if req.device == "cuda" else 1)
+    return _Engine(k, v, wdtype, block, vllm_block, batched, seqs_for_sampler, in_flight)
+
+
+def _budget(req: _Request, engine: _Engine) -> _Budget:
+    # The KV budget is, in order of precedence: kv_cache_bytes_budget (the CPU engine's fixed
+    # KV space); what vLLM reserves at a configured gpu_memory_utilization; else what the
+    # usable share leaves after weights, runtime buffers and the safety margin.
+    memory = req.device_memory_bytes
+    weights = weights_bytes(req.spec, req.weight_dtype, req.tensor_parallel_size)
+    runtime = runtime_buffers(
+        req.spec,
+        max_num_batched_tokens=engine.batched,
+        max_num_seqs=engine.seqs,
+        device=req.device,
+        dtype=req.weight_dtype,
+        tensor_parallel_size=req.tensor_parallel_size,
+    )
+    margin = safety_margin_bytes(memory)
+    usable = math.floor(memory * req.usable_fraction)
+    base = weights + runtime.total_bytes + margin
+    engine_share: int | None = None
+    fixed_kv: int | None = req.kv_cache_bytes_budget
+    util = req.gpu_memory_utilization
+    if util is not None:
+        # vLLM profiles weights and activations, then gives the KV cache the rest of its share.
+        engine_share = math.floor(memory * util)
+        fixed_kv = engine_share - weights - runtime.total_bytes
+        kv_budget = max(fixed_kv, 0)
+        kv_source = f"gpu_memory_utilization {util:g} less weights and runtime"
+    elif req.kv_cache_bytes_budget is None:
+        kv_budget, kv_source = max(usable - base, 0), "remainder of usable memory"
     else:
-        engine_memory = usable - margin
-    table = tuple(_row(ctx, b, TABLE_SEQ_LEN) for b in TABLE_BATCH_SIZES)
-    naive = naive_kv_bytes(spec, batch_size, seq, weight_dtype)
+        kv_budget, kv_source = req.kv_cache_bytes_budget, "fixed KV space"
+    return _Budget(
+        weights, runtime, margin, usable, base, engine_share, fixed_kv, kv_budget, kv_source
+    )
+
+
+def _fit(req: _Request, engine: _Engine, budget: _Budget, ctx: _Context) -> _Fit:
+    spec, seq, tp = req.spec, req.seq_len, req.tensor_parallel_size
+    pool_blocks = kv_pool_blocks(
+        spec, budget.kv_budget, engine.block, engine.k, engine.v, tensor_parallel_size=tp
+    )
+    per_seq_blocks = kv_blocks_per_sequence(spec, seq, engine.block, engine.in_flight)
+    # With a fixed KV budget the engine takes all of it up front, used or not.
+    fixed = budget.fixed_kv if budget.fixed_kv is not None else 0
+    over_usable = budget.base + fixed > budget.usable + SHARE_ROUNDING_SLACK_BYTES
+    too_long = seq > spec.max_position_embeddings
+    return _Fit(
+        row=_row(ctx, req.batch_size, seq),
+        per_seq=_kv_sequence_bytes(ctx, seq),
+        pool_blocks=pool_blocks,
+        over_usable=over_usable,
+        too_long=too_long,
+        max_concurrent=0 if over_usable or too_long else pool_blocks // per_seq_blocks,
+        vllm_tokens=vllm_kv_cache_size_tokens(
+            spec,
+            budget.kv_budget,
+            engine.block,
+            seq,
+            engine.k,
+            engine.v,
+            in_flight_tokens=engine.in_flight,
+            tensor_parallel_size=tp,
+        ),
+    )
+
+
+def _fit_reason(req: _Request, budget: _Budget, fit: _Fit) -> str:
+    """Why the workload fits or not, with the numbers that decide it."""
+    seq, memory, cap = req.seq_len, req.device_memory_bytes, req.usable_fraction
+    util, fixed_kv = req.gpu_memory_utilization, req.kv_cache_bytes_budget
+    weights, runtime, margin = budget.weights, budget.runtime.total_bytes, budget.margin
+    usable, base, kv_budget = budget.usable, budget.base, budget.kv_budget
+    if fit.too_long:
+        return (
+            f"does not fit: seq_len {seq} exceeds the model's max_position_embeddings "
+            f"({req.spec.max_position_embeddings})"
+        )
+    if budget.engine_share is not None and fit.over_usable:
+        assert util is not None
+        return (
+            f"does not fit: gpu_memory_utilization {util:g} lets the engine "
+            f"take {_gib(budget.engine_share)}; with the {_gib(margin)} safety margin that is "
+            f"{_gib(budget.engine_share + margin)}, over the {cap:.0%} cap "
+            f"({_gib(usable)} of {_gib(memory)}): set gpu_memory_utilization to "
+            f"at most {gpu_memory_utilization_for(memory, cap):.2f}"
+        )
+    if budget.engine_share is not None and kv_budget <= 0:
+        return (
+            f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime)} = "
+            f"{_gib(weights + runtime)} leave nothing for the KV cache within the "
+            f"engine's {_gib(budget.engine_share)} (gpu_memory_utilization {util:g} "
+            f"of {_gib(memory)})"
+        )
+    if fixed_kv is None and usable - base <= 0:
+        return (
+            f"does not fit: weights {_gib(weights)} + runtime {_gib(runtime)} + "
+            f"margin {_gib(margin)} = {_gib(base)} leave nothing for the KV cache within "
+            f"{_gib(usable)} ({cap:.0%} of {_gib(memory)})"
+        )
+    if fixed_kv is not None and fit.over_usable:
+        return (
+            f"does not fit: KV space {_gib(fixed_kv)} + weights {_gib(weights)} + "
+            f"runtime {_gib(runtime)} + margin {_gib(margin)} = "
+            f"{_gib(base + fixed_kv)} exceed {_gib(usable)} "
+            f"({cap:.0%} of {_gib(memory)})"
+        )
+    row = fit.row
+    if not row.fits:
+        return (
+            f"does not fit: {req.batch_size} x {seq} tokens need {_gib(row.kv_cache_bytes)} of KV "
+            f"cache but {_gib(kv_budget)} is available ({fit.max_concurrent} such sequences fit)"
+        )
+    return (
+        f"fits: {req.batch_size} x {seq} tokens need {_gib(row.kv_cache_bytes)} of "
+        f"{_gib(kv_budget)} KV cache; {fit.max_concurrent} sequences of this length fit"
+    )
+
+
+def _recommend(req: _Request, ctx: _Context, fit: _Fit) -> _Recommendation:
+    """What to set: the share that keeps to the cap, and what fits at that share."""
+    util = gpu_memory_utilization_for(req.device_memory_bytes, req.usable_fraction)
+    if req.gpu_memory_utilization not in (None, util) and util > 0:
+        # The recommendations are one setting: what fits at the recommended share, not at the
+        # configured one (which may break the cap and fit nothing).
+        at_util = _estimate(replace(req, gpu_memory_utilization=util, kv_cache_bytes_budget=None))
+        return _Recommendation(
+            util, at_util.recommended_max_num_seqs, at_util.recommended_max_model_len
+        )
+    return _Recommendation(
+        util,
+        _recommended_seqs(fit.max_concurrent, req.device),
+        _longest_fitting_len(ctx, req.batch_size),
+    )
+
+
+def _engine_memory(req: _Request, budget: _Budget) -> int:
+    """What the engine allocates: its configured share, weights + runtime + the fixed KV
+    space (CPU), or the usable share less the margin."""
+    if budget.engine_share is not None:
+        return budget.engine_share
+    if req.kv_cache_bytes_budget is not None:
+        return budget.weights + budget.runtime.total_bytes + req.kv_cache_bytes_budget
+    return budget.usable - budget.margin
+
+
+def _notes(req: _Request, engine: _Engine) -> tuple[str, ...]:
+    spec, tp = req.spec, req.tensor_parallel_size
     notes: list[str] = []
     if spec.is_mla:
         notes.append(
@@ -944,61 +1088,74 @@ def estimate(
     if spec.num_sliding_layers:
         notes.append(
             f"{spec.num_sliding_layers} of {spec.num_layers} layers keep only a "
-            f"{spec.sliding_window}-token window (+{in_flight} in-flight tokens, as vLLM reserves)"
+            f"{spec.sliding_window}-token window (+{engine.in_flight} in-flight tokens, "
+            "as vLLM reserves)"
         )
     if not spec.is_mla and spec.num_kv_heads < tp:
         notes.append(f"{spec.num_kv_heads} KV heads < TP {tp}: vLLM replicates KV heads per GPU")
-    if k != v:
-        notes.append(f"K cached as {k}, V as {v}: vLLM itself takes one kv_cache_dtype")
+    if engine.k != engine.v:
+        notes.append(
+            f"K cached as {engine.k}, V as {engine.v}: vLLM itself takes one kv_cache_dtype"
+        )
+    return tuple(notes)
+
+
+def _memory_plan(
+    req: _Request, engine: _Engine, budget: _Budget, fit: _Fit, ctx: _Context
+) -> MemoryPlan:
+    spec, seq, tp, k, v = req.spec, req.seq_len, req.tensor_parallel_size, engine.k, engine.v
+    row = fit.row
+    rec = _recommend(req, ctx, fit)
+    naive = naive_kv_bytes(spec, req.batch_size, seq, req.weight_dtype)
     return MemoryPlan(
         model=spec.name,
-        device=device,
-        device_memory_bytes=device_memory_bytes,
+        device=req.device,
+        device_memory_bytes=req.device_memory_bytes,
         tensor_parallel_size=tp,
-        usable_fraction=usable_fraction,
-        usable_bytes=usable,
-        weights_bytes=weights,
+        usable_fraction=req.usable_fraction,
+        usable_bytes=budget.usable,
+        weights_bytes=budget.weights,
         weights_source=weights_source(spec),
-        activation_bytes=runtime.activation_bytes,
-        logits_bytes=runtime.logits_bytes,
-        runtime_fixed_bytes=runtime.fixed_bytes,
-        runtime_buffers_bytes=runtime.total_bytes,
-        safety_margin_bytes=margin,
-        kv_budget_bytes=kv_budget,
-        kv_budget_source=kv_source,
-        weight_dtype=wdtype,
+        activation_bytes=budget.runtime.activation_bytes,
+        logits_bytes=budget.runtime.logits_bytes,
+        runtime_fixed_bytes=budget.runtime.fixed_bytes,
+        runtime_buffers_bytes=budget.runtime.total_bytes,
+        safety_margin_bytes=budget.margin,
+        kv_budget_bytes=budget.kv_budget,
+        kv_budget_source=budget.kv_source,
+        weight_dtype=engine.weight_dtype,
         k_dtype=k,
         v_dtype=v,
         kv_bytes_per_token=kv_bytes_per_token(spec, k, v, tensor_parallel_size=tp),
         kv_bytes_per_token_at_seq_len=round(
             kv_bytes_for_tokens(spec, seq, k, v, tensor_parallel_size=tp) / seq
         ),
-        kv_bytes_per_sequence=per_seq,
+        kv_bytes_per_sequence=fit.per_seq,
         seq_len=seq,
-        batch_size=batch_size,
+        batch_size=req.batch_size,
         kv_cache_bytes=row.kv_cache_bytes,
         total_bytes=row.total_bytes,
         headroom_bytes=row.headroom_bytes,
         fits=row.fits,
-        reason=reason,
-        block_size=block,
-        vllm_block_size=vllm_block,
+        reason=_fit_reason(req, budget, fit),
+        block_size=engine.block,
+        vllm_block_size=engine.vllm_block,
         block_size_rule_of_thumb=block_size_rule_of_thumb(seq),
-        max_num_batched_tokens=batched,
-        max_num_seqs=seqs_for_sampler,
-        num_kv_blocks=pool_blocks,
+        max_num_batched_tokens=engine.batched,
+        max_num_seqs=engine.seqs,
+        num_kv_blocks=fit.pool_blocks,
         kv_capacity_tokens=kv_capacity_tokens(
-            spec, kv_budget, block, k, v, tensor_parallel_size=tp
+            spec, budget.kv_budget, engine.block, k, v, tensor_parallel_size=tp
         ),
-        vllm_kv_cache_size_tokens=vllm_tokens,
-        max_concurrent_seqs=max_concurrent,
-        recommended_max_num_seqs=recommended_seqs,
-        recommended_gpu_memory_utilization=recommended_util,
-        recommended_max_model_len=recommended_len,
+        vllm_kv_cache_size_tokens=fit.vllm_tokens,
+        max_concurrent_seqs=fit.max_concurrent,
+        recommended_max_num_seqs=rec.max_num_seqs,
+        recommended_gpu_memory_utilization=rec.gpu_memory_utilization,
+        recommended_max_model_len=rec.max_model_len,
         naive_kv_bytes=naive,
         naive_error_ratio=naive / row.kv_cache_bytes,
-        batch_table=table,
-        notes=tuple(notes),
-        gpu_memory_utilization=gpu_memory_utilization,
-        engine_memory_bytes=engine_memory,
+        batch_table=tuple(_row(ctx, b, TABLE_SEQ_LEN) for b in TABLE_BATCH_SIZES),
+        notes=_notes(req, engine),
+        gpu_memory_utilization=req.gpu_memory_utilization,
+        engine_memory_bytes=_engine_memory(req, budget),
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from appliance.domain.gpu_sample import GpuSample
+from appliance.domain.limits import Problem, raise_problems
 
 # Factors within this of 1.0 count as fully restored (sums of float steps can miss 1.0 by
 # an ulp).
@@ -57,25 +58,32 @@ class ThermalPolicyConfig:
     recover_step: float = 0.1
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 0.0 < self.step_factor < 1.0:
-            problems.append(f"step_factor must be in (0, 1), got {self.step_factor}")
-        if not 0.0 < self.floor_factor <= 1.0:
-            problems.append(f"floor_factor must be in (0, 1], got {self.floor_factor}")
-        if not 0.0 < self.recover_step <= 1.0:
-            problems.append(f"recover_step must be in (0, 1], got {self.recover_step}")
-        if not self.hysteresis_c > 0.0:
-            problems.append(f"hysteresis_c must be > 0, got {self.hysteresis_c}")
-        if not self.dwell_s >= 0.0:
-            problems.append(f"dwell_s must be >= 0, got {self.dwell_s}")
-        if not self.step_interval_s > 0.0:
-            problems.append(f"step_interval_s must be > 0, got {self.step_interval_s}")
-        if not self.protect_slowdown_margin_c >= 0.0:
-            problems.append(
-                f"protect_slowdown_margin_c must be >= 0, got {self.protect_slowdown_margin_c}"
+        raise_problems(_config_problems(self))
+
+
+def _config_problems(cfg: ThermalPolicyConfig) -> list[Problem]:
+    """Every invariant of the thermal policy's numbers, however the config was built."""
+    problems = []
+    if not 0.0 < cfg.step_factor < 1.0:
+        problems.append(Problem("step_factor", f"must be in (0, 1), got {cfg.step_factor}"))
+    if not 0.0 < cfg.floor_factor <= 1.0:
+        problems.append(Problem("floor_factor", f"must be in (0, 1], got {cfg.floor_factor}"))
+    if not 0.0 < cfg.recover_step <= 1.0:
+        problems.append(Problem("recover_step", f"must be in (0, 1], got {cfg.recover_step}"))
+    if not cfg.hysteresis_c > 0.0:
+        problems.append(Problem("hysteresis_c", f"must be > 0, got {cfg.hysteresis_c}"))
+    if not cfg.dwell_s >= 0.0:
+        problems.append(Problem("dwell_s", f"must be >= 0, got {cfg.dwell_s}"))
+    if not cfg.step_interval_s > 0.0:
+        problems.append(Problem("step_interval_s", f"must be > 0, got {cfg.step_interval_s}"))
+    if not cfg.protect_slowdown_margin_c >= 0.0:
+        problems.append(
+            Problem(
+                "protect_slowdown_margin_c",
+                f"must be >= 0, got {cfg.protect_slowdown_margin_c}",
             )
-        if problems:
-            raise ValueError("; ".join(problems))
+        )
+    return problems
 
 
 @dataclass(frozen=True)
@@ -218,102 +226,136 @@ def _settled_level(factor: float) -> ThermalLevel:
     return ThermalLevel.NORMAL if factor >= 1.0 - _FULL_EPS else ThermalLevel.DERATE
 
 
+@dataclass(frozen=True)
+class _FactorMove:
+    """The factor after one step, the clocks that pace it, and what was done (if anything)."""
+
+    factor: float
+    last_cut_s: float | None
+    last_step_s: float | None
+    cool_since_s: float | None
+    action: str | None
+
+
+@dataclass(frozen=True)
+class _LevelMove:
+    """The level after one step, PROTECT's release clock, and what was done (if anything)."""
+
+    level: ThermalLevel
+    protect_clear_since_s: float | None
+    action: str | None
+
+
+def _restored(factor: float) -> float:
+    return 1.0 if factor >= 1.0 - _FULL_EPS else factor
+
+
+def _cut_while_hot(state: ThermalState, now_s: float, cfg: ThermalPolicyConfig) -> _FactorMove:
+    factor, last_cut = state.factor, state.last_cut_s
+    onset = state.level is ThermalLevel.NORMAL or last_cut is None
+    due = onset or now_s - last_cut >= cfg.step_interval_s
+    if factor > cfg.floor_factor and due:
+        # A floor of ~1 disables derating.
+        new = _restored(max(cfg.floor_factor, factor * cfg.step_factor))
+        return _FactorMove(new, now_s, now_s, None, f"derate factor {factor:.2f} -> {new:.2f}")
+    if factor <= cfg.floor_factor:
+        action = f"derate factor held at floor {factor:.2f}"
+    else:
+        action = f"derate factor held at {factor:.2f} until the next step"
+    return _FactorMove(factor, last_cut, state.last_step_s, None, action)
+
+
+def _recover_while_cool(state: ThermalState, now_s: float, cfg: ThermalPolicyConfig) -> _FactorMove:
+    factor, last_step = state.factor, state.last_step_s
+    cool_since = now_s if state.cool_since_s is None else state.cool_since_s
+    held = _FactorMove(factor, state.last_cut_s, last_step, cool_since, None)
+    # No recovery while PROTECT holds: leaving PROTECT comes first, on its own dwell.
+    if factor >= 1.0 or state.level is ThermalLevel.PROTECT:
+        return held
+    start = cool_since if last_step is None else max(cool_since, last_step)
+    if now_s - start >= cfg.dwell_s:
+        new = _restored(min(1.0, factor + cfg.recover_step))
+        action = f"cool for {now_s - start:.0f} s: derate factor {factor:.2f} -> {new:.2f}"
+        return replace(held, factor=new, last_step_s=now_s, action=action)
+    waiting = f"cool for {now_s - start:.0f} s of {cfg.dwell_s:.0f} s: factor held at {factor:.2f}"
+    return replace(held, action=waiting)
+
+
+def _hold_in_band(state: ThermalState, cfg: ThermalPolicyConfig) -> _FactorMove:
+    action = None
+    if state.factor < 1.0:
+        action = (
+            f"within the hysteresis band: factor held at {state.factor:.2f} "
+            f"(release below {cfg.derate_core_c - cfg.hysteresis_c:.1f} °C)"
+        )
+    return _FactorMove(state.factor, state.last_cut_s, state.last_step_s, None, action)
+
+
+def _move_factor(
+    state: ThermalState, a: _Assessment, now_s: float, cfg: ThermalPolicyConfig
+) -> _FactorMove:
+    """Cut while hot, restore while cool, hold in the hysteresis band."""
+    if a.hot:
+        return _cut_while_hot(state, now_s, cfg)
+    if a.cool:
+        return _recover_while_cool(state, now_s, cfg)
+    return _hold_in_band(state, cfg)
+
+
+def _move_level(
+    state: ThermalState, a: _Assessment, factor: float, now_s: float, cfg: ThermalPolicyConfig
+) -> _LevelMove:
+    """PROTECT has its own release dwell; otherwise the level follows the factor."""
+    level = state.level
+    if a.protect:
+        action = None if level is ThermalLevel.PROTECT else "PROTECT: new admissions realtime only"
+        return _LevelMove(ThermalLevel.PROTECT, None, action)
+    if level is not ThermalLevel.PROTECT:
+        return _LevelMove(_settled_level(factor), state.protect_clear_since_s, None)
+    if not a.protect_clear:
+        return _LevelMove(level, None, "PROTECT held (within the hysteresis band)")
+    clear_since = now_s if state.protect_clear_since_s is None else state.protect_clear_since_s
+    held = now_s - clear_since
+    if held >= cfg.dwell_s:
+        action = f"below the protect band for {held:.0f} s: leave PROTECT"
+        return _LevelMove(_settled_level(factor), None, action)
+    action = f"below the protect band for {held:.0f} s of {cfg.dwell_s:.0f} s"
+    return _LevelMove(level, clear_since, action)
+
+
+def _governing(state: ThermalState, a: _Assessment) -> _Worst | None:
+    """The GPU the reason names: while PROTECT holds without a trigger, the story is about
+    its own causes cooling."""
+    if state.level is ThermalLevel.PROTECT and not a.protect and a.worst_protect is not None:
+        return a.worst_protect
+    return a.worst
+
+
 def step(
     state: ThermalState, samples: Sequence[GpuSample], now_s: float, cfg: ThermalPolicyConfig
 ) -> ThermalDecision:
     """Advance the policy by one set of samples taken at monotonic time `now_s`."""
     if not samples:
         return ThermalDecision(state, False, "no GPU samples: thermal state held")
-
     a = _assess(samples, cfg)
+    f = _move_factor(state, a, now_s, cfg)
+    lv = _move_level(state, a, f.factor, now_s, cfg)
     level = state.level
-    factor = state.factor
-    last_cut, last_step = state.last_cut_s, state.last_step_s
-    cool_since = state.cool_since_s
-    actions: list[str] = []
-
-    # The factor: cut while hot, restore while cool, hold in the hysteresis band.
-    if a.hot:
-        cool_since = None
-        onset = level is ThermalLevel.NORMAL or last_cut is None
-        due = onset or now_s - last_cut >= cfg.step_interval_s
-        if factor > cfg.floor_factor and due:
-            new = max(cfg.floor_factor, factor * cfg.step_factor)
-            new = 1.0 if new >= 1.0 - _FULL_EPS else new  # a floor of ~1 disables derating
-            actions.append(f"derate factor {factor:.2f} -> {new:.2f}")
-            factor, last_cut, last_step = new, now_s, now_s
-        elif factor <= cfg.floor_factor:
-            actions.append(f"derate factor held at floor {factor:.2f}")
-        else:
-            actions.append(f"derate factor held at {factor:.2f} until the next step")
-    elif a.cool:
-        if cool_since is None:
-            cool_since = now_s
-        # No recovery while PROTECT holds: leaving PROTECT comes first, on its own dwell.
-        if factor < 1.0 and level is not ThermalLevel.PROTECT:
-            start = cool_since if last_step is None else max(cool_since, last_step)
-            if now_s - start >= cfg.dwell_s:
-                new = min(1.0, factor + cfg.recover_step)
-                new = 1.0 if new >= 1.0 - _FULL_EPS else new
-                actions.append(
-                    f"cool for {now_s - start:.0f} s: derate factor {factor:.2f} -> {new:.2f}"
-                )
-                factor, last_step = new, now_s
-            else:
-                actions.append(
-                    f"cool for {now_s - start:.0f} s of {cfg.dwell_s:.0f} s: factor held "
-                    f"at {factor:.2f}"
-                )
-    else:
-        cool_since = None
-        if factor < 1.0:
-            actions.append(
-                f"within the hysteresis band: factor held at {factor:.2f} "
-                f"(release below {cfg.derate_core_c - cfg.hysteresis_c:.1f} °C)"
-            )
-
-    # The level: PROTECT has its own release dwell; otherwise it follows the factor.
-    protect_clear_since = state.protect_clear_since_s
-    new_level = level
-    if a.protect:
-        protect_clear_since = None
-        new_level = ThermalLevel.PROTECT
-        if level is not ThermalLevel.PROTECT:
-            actions.append("PROTECT: new admissions realtime only")
-    elif level is ThermalLevel.PROTECT:
-        if a.protect_clear:
-            if protect_clear_since is None:
-                protect_clear_since = now_s
-            held = now_s - protect_clear_since
-            if held >= cfg.dwell_s:
-                new_level = _settled_level(factor)
-                protect_clear_since = None
-                actions.append(f"below the protect band for {held:.0f} s: leave PROTECT")
-            else:
-                actions.append(f"below the protect band for {held:.0f} s of {cfg.dwell_s:.0f} s")
-        else:
-            protect_clear_since = None
-            actions.append("PROTECT held (within the hysteresis band)")
-    else:
-        new_level = _settled_level(factor)
-
-    since = state.since_s if new_level is level and state.since_s is not None else now_s
+    since = state.since_s if lv.level is level and state.since_s is not None else now_s
     new_state = ThermalState(
-        level=new_level,
-        factor=factor,
+        level=lv.level,
+        factor=f.factor,
         since_s=since,
-        last_cut_s=last_cut,
-        last_step_s=last_step,
-        cool_since_s=cool_since,
-        protect_clear_since_s=protect_clear_since,
+        last_cut_s=f.last_cut_s,
+        last_step_s=f.last_step_s,
+        cool_since_s=f.cool_since_s,
+        protect_clear_since_s=lv.protect_clear_since_s,
     )
-    changed = new_level is not level or factor != state.factor
-    # While PROTECT holds without a trigger, the story is about its own causes cooling.
-    w = a.worst
-    if level is ThermalLevel.PROTECT and not a.protect and a.worst_protect is not None:
-        w = a.worst_protect
+    changed = lv.level is not level or f.factor != state.factor
+    actions = [x for x in (f.action, lv.action) if x is not None]
+    w = _governing(state, a)
     head = w.text if w is not None else "no GPU temperature reported"
-    reason = f"{head}: {'; '.join(actions)}" if actions else f"{head}: {new_level.value}"
+    reason = f"{head}: {'; '.join(actions)}" if actions else f"{head}: {lv.level.value}"
     return ThermalDecision(
         state=new_state,
         changed=changed,

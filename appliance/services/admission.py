@@ -10,29 +10,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from enum import IntEnum
 
 from appliance.config import AdmissionConfig
+from appliance.domain.lanes import Lane
 from appliance.errors import ApplianceError, NotReady, Overloaded
-
-
-class Lane(IntEnum):
-    """Lower value is served first."""
-
-    REALTIME = 0
-    INTERACTIVE = 1
-    BATCH = 2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, value: str) -> Lane:
-        return cls[value.upper()]
-
-
-LANE_NAMES = tuple(lane.label for lane in Lane)
 
 
 class DeadlineExceeded(ApplianceError):

@@ -27,7 +27,12 @@ log = logging.getLogger("appliance.controller")
 
 
 class ControlLoop:
-    """Owns the controller state; the admin API changes its mode and bounds."""
+    """The one owner of the controller's settings: mode, limits, SLO and ceiling.
+
+    Whoever changes them (an operator through the admin API, recalibration, a benchmark)
+    goes through configure() or set_ceiling(), which validate, reset what the change makes
+    stale and emit the event; the settings are read back from here and nowhere else.
+    """
 
     def __init__(
         self,
@@ -36,19 +41,19 @@ class ControlLoop:
         admission: AdmissionQueue,
         latency: LatencyWindow,
         kv_usage: Callable[[], float],
-        ceiling: Callable[[], int | None],
         events: EventBus,
         record: Callable[[float, int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         forecast: Callable[[], Any] | None = None,
     ) -> None:
-        self.cfg = cfg
+        self._cfg = cfg
         self.mode = mode
         self.manual_limit = admission.base_limit
         self._admission = admission
         self._latency = latency
         self._kv_usage = kv_usage
-        self._ceiling = ceiling
+        # The throughput knee of the last applied benchmark: the limit is never above it.
+        self.ceiling: int | None = None
         self._events = events
         self._record = record
         self._clock = clock
@@ -65,9 +70,15 @@ class ControlLoop:
             "load-forecast", self.refresh_forecast, lambda: self.cfg.tick_s, log
         )
 
+    @property
+    def cfg(self) -> ControllerConfig:
+        """The policy in force (read-only: change it through configure())."""
+        return self._cfg
+
     def configure(
         self,
         *,
+        source: str = "the admin API",
         mode: str | None = None,
         limit: int | None = None,
         min_limit: int | None = None,
@@ -75,7 +86,10 @@ class ControlLoop:
         slo_ttft_p99_s: float | None = None,
         slo_tpot_p99_s: float | None = None,
     ) -> None:
-        """Change mode, manual limit, bounds or SLOs (validated by ControllerConfig); tick now."""
+        """Change mode, manual limit, bounds or SLOs (validated by ControllerConfig); tick now.
+
+        `source` says who asked (the event carries it): the admin API, recalibration, ...
+        """
         changes: dict[str, Any] = {}
         if min_limit is not None:
             changes["min_limit"] = min_limit
@@ -93,7 +107,7 @@ class ControlLoop:
         new_mode = ControlMode(mode) if mode is not None else self.mode
         if limit is not None and limit < 1:
             raise ValueError(f"limit: must be >= 1, got {limit}")
-        self.cfg, self.mode = new_cfg, new_mode
+        self._cfg, self.mode = new_cfg, new_mode
         if limit is not None:
             self.manual_limit = limit
         if slo_changed:
@@ -112,7 +126,9 @@ class ControlLoop:
             "controller_config",
             f"controller set to {self.mode.value}, limit "
             f"{self.manual_limit}, bounds [{self.cfg.min_limit}, {self.cfg.max_limit}], "
-            f"SLO p99 TTFT {self.cfg.slo_ttft_p99_s:g} s, TPOT {self.cfg.slo_tpot_p99_s} s",
+            f"SLO p99 TTFT {self.cfg.slo_ttft_p99_s:g} s, TPOT {self.cfg.slo_tpot_p99_s} s "
+            f"(by {source})",
+            source=source,
             mode=self.mode.value,
             limit=self.manual_limit,
             min=self.cfg.min_limit,
@@ -121,6 +137,15 @@ class ControlLoop:
             slo_tpot_p99_s=self.cfg.slo_tpot_p99_s,
         )
         self.tick()
+
+    def set_ceiling(self, limit: int, source: str = "the benchmark knee") -> None:
+        """Hand a benchmark's knee on as the concurrency ceiling (the next tick applies it)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"ceiling: must be a whole number >= 1, got {limit!r}")
+        self.ceiling = limit
+        self._events.emit(
+            "ceiling", f"concurrency ceiling set to {limit} from {source}", ceiling=limit
+        )
 
     def tick(self) -> ControlDecision:
         """One decision, applied to the admission queue when it changes the limit."""
@@ -139,7 +164,7 @@ class ControlLoop:
             in_flight=snap.in_flight,
             derate_factor=snap.derate_factor,
             protect=snap.protect,
-            knee_limit=self._ceiling(),
+            knee_limit=self.ceiling,
             mode=self.mode,
             manual_limit=self.manual_limit if self.mode is ControlMode.MANUAL else None,
             **self._forecast_inputs(now),
@@ -204,7 +229,7 @@ class ControlLoop:
             "max": self.cfg.max_limit,
             "slo_ttft_p99_s": self.cfg.slo_ttft_p99_s,
             "slo_tpot_p99_s": self.cfg.slo_tpot_p99_s,
-            "ceiling": self._ceiling(),
+            "ceiling": self.ceiling,
             "last": None
             if self.last is None
             else {

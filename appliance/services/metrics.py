@@ -14,7 +14,7 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
-from appliance.services.admission import LANE_NAMES
+from appliance.domain.lanes import LANE_NAMES
 
 # *_created series double the exposition for no operator value.
 disable_created_metrics()

@@ -14,6 +14,7 @@ import aiohttp
 import psutil
 import pytest
 
+from appliance.client import parse_sse
 from tests.conftest import ROOT, Daemon
 
 pytestmark = pytest.mark.engine
@@ -62,9 +63,9 @@ async def test_killed_engine_core_is_detected_and_restarted(daemon: Daemon):
         print(f"engine core killed: readiness 503 after {not_ready_after:.2f} s")
         texts = await asyncio.gather(*streams)
     for text in texts:
-        events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        assert json.loads(events[-2])["error"]["code"] == "engine_dead"
+        events = parse_sse(text)
+        assert events[-1].done
+        assert events[-2].json()["error"]["code"] == "engine_dead"
     deadline = time.monotonic() + 300
     while daemon.get("/health/ready")[0] != 200 and time.monotonic() < deadline:
         await asyncio.sleep(0.5)

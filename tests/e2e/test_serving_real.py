@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import aiohttp
 import openai
 import pytest
 
+from appliance.client import SseParser
 from tests.conftest import Daemon
 
 pytestmark = pytest.mark.engine
@@ -293,8 +293,8 @@ async def test_admin_status_and_events(daemon: Daemon):
     async with aiohttp.ClientSession(headers=daemon.admin_headers) as s:
         r = await s.get(daemon.url + "/admin/events?history=5")
         assert r.status == 200
-        line = b""
-        while not line.startswith(b"data: "):
-            line = await asyncio.wait_for(r.content.readline(), 5)
-        event = json.loads(line[6:])
+        parser, sse = SseParser(), None
+        while sse is None:
+            sse = parser.feed(await asyncio.wait_for(r.content.readline(), 5))
+        event = sse.json()
         assert {"seq", "ts_s", "kind", "reason", "data"} <= set(event)

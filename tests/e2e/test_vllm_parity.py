@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import requests
 
+from appliance.client import iter_sse
 from bench.servers import ServerProc, free_port, start_vllm_server
 from tests.conftest import PARITY_VLLM_ARGS, Daemon
 
@@ -246,9 +247,9 @@ def test_stream_frames_match(pair: Pair):
         )
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        frames = [ln[6:] for ln in r.iter_lines(decode_unicode=True) if ln.startswith("data: ")]
-        assert frames[-1] == "[DONE]"
-        chunks = [json.loads(f) for f in frames[:-1]]
+        frames = list(iter_sse(r.iter_lines(decode_unicode=True)))
+        assert frames[-1].done
+        chunks = [f.json() for f in frames[:-1]]
         usage.append(chunks[-1]["usage"])
         texts.append(
             "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

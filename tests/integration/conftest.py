@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.api.app import build_app
+from appliance.daemon.app import build_app
 from tests.fakes import FakeEngine, WordTokenizer
 from tests.integration.test_app_fake_engine import Harness, _cfg
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
 from pathlib import Path
@@ -12,9 +11,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.api.app import build_app
 from appliance.api.keys import SERVICES
+from appliance.client import SseParser, parse_sse
 from appliance.config import parse_config
+from appliance.daemon.app import build_app
 from tests.fakes import FakeEngine, WordTokenizer
 
 MODEL = "fake-model"
@@ -111,9 +111,9 @@ async def test_stream_ends_with_done_and_usage(h: Harness):
         "/v1/chat/completions", json=_chat(stream=True, stream_options={"include_usage": True})
     )
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-    lines = [ln for ln in (await r.text()).split("\n") if ln.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    events = parse_sse(await r.text())
+    assert events[-1].done
+    chunks = [e.json() for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == "tok0 tok1 tok2 tok3 "
@@ -246,6 +246,7 @@ async def test_client_gone_mid_stream_aborts_the_engine_request(h: Harness):
 
 
 async def test_deadline_returns_partial_answer(h: Harness):
+    # The fake engine sleeps per token: 50 take >= 1 s anywhere, so the 150 ms deadline is first.
     h.engine.token_delay_s = 0.02
     r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=50, deadline_ms=150))
     body = await r.json()
@@ -301,8 +302,9 @@ async def test_engine_death_mid_stream_is_an_error_event(h: Harness):
     r = await h.client.post("/v1/chat/completions", json=_chat(stream=True, max_tokens=50))
     await r.content.readline()
     h.engine.dead = True
-    text = await r.text()
-    assert '"code": "engine_dead"' in text and text.rstrip().endswith("data: [DONE]")
+    events = parse_sse(await r.text())
+    assert events[-1].done
+    assert any(e.json().get("error", {}).get("code") == "engine_dead" for e in events[:-1])
 
 
 async def test_pause_resume_and_events_stream(h: Harness):
@@ -312,10 +314,11 @@ async def test_pause_resume_and_events_stream(h: Harness):
     assert (await h.client.get("/health/ready")).status == 503
     await h.client.post("/admin/engine/resume", headers=h.admin())
     states: list[str] = []
+    parser = SseParser()
     while states[-2:] != ["paused", "ready"] and len(states) < 10:
-        line = (await asyncio.wait_for(r.content.readline(), 5)).decode().strip()
-        if line.startswith("data:"):
-            event = json.loads(line[5:])
+        sse = parser.feed(await asyncio.wait_for(r.content.readline(), 5))
+        if sse is not None:
+            event = sse.json()
             if event["kind"] == "engine_state":
                 states.append(event["data"]["state"])
     r.close()
@@ -424,7 +427,11 @@ async def test_put_controller_sets_mode_bounds_and_slo(h: Harness):
     body = await r.json()
     assert (body["mode"], body["min"], body["max"]) == ("auto", 2, 6)
     assert (body["slo_ttft_p99_s"], body["slo_tpot_p99_s"]) == (0.5, 0.05)
-    assert h.svc.slo_ttft_p99_s == 0.5 and h.svc.slo_tpot_p99_s == 0.05
+    # The controller is the one owner of the SLO: what the jobs read is what was set here.
+    policy = h.svc.controller.cfg
+    assert (policy.slo_ttft_p99_s, policy.slo_tpot_p99_s) == (0.5, 0.05)
+    (ev,) = [e for e in h.svc.events.recent(50) if e.kind == "controller_config"]
+    assert ev.data["source"] == "the admin API" and "(by the admin API)" in ev.reason
     # The base limit (2 in this config) is inside [2, 6]; the status shows the same numbers.
     status = await (await h.client.get("/admin/status", headers=h.admin())).json()
     assert status["controller"]["slo_ttft_p99_s"] == 0.5

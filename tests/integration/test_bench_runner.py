@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from appliance.api.app import build_app
 from appliance.bench_runner import (
     BenchError,
     BenchSettings,
@@ -28,8 +27,10 @@ from appliance.bench_runner import (
     run_tuning,
     stream_chat,
 )
+from appliance.client import AdminClient, DaemonAddress, read_token_file
 from appliance.commands import bench as bench_cmd
 from appliance.config import parse_config
+from appliance.daemon.app import build_app
 from appliance.domain.analysis import Slo
 from bench import goodput
 from bench.servers import free_port
@@ -54,6 +55,13 @@ class App:
     @property
     def token(self) -> str:
         return self.token_file.read_text().strip()
+
+    @property
+    def address(self) -> DaemonAddress:
+        return DaemonAddress(self.url, read_token_file(self.token_file))
+
+    def admin(self) -> AdminClient:
+        return AdminClient.at(self.address)
 
 
 async def _start(tmp_path: Path, **admission: object) -> tuple[TestServer, App]:
@@ -375,8 +383,8 @@ async def test_goodput_arm_counts_requests_within_the_slo(app: App):
         sweep_levels=(1, 2),
     )
     # Capacity of limit 4 x 4 tokens x 20 ms = 50 req/s; at "2x" of 5 req/s nothing queues.
-    async with aiohttp.ClientSession() as s:
-        daemon = goodput.Daemon(s, app.url, app.token)
+    async with aiohttp.ClientSession() as s, app.admin() as admin:
+        daemon = goodput.Daemon(admin)
         results = await goodput.run_arm(s, app.url, "static", plan, 5.0, daemon, log=lambda m: None)
     (r,) = results
     assert r.sent == pytest.approx(15, abs=10) and r.good == r.ok == r.sent
@@ -399,19 +407,19 @@ def _tiny_plan(**kw: object) -> goodput.Plan:
 
 
 async def test_goodput_switches_every_arm_and_restores_the_controller(app: App):
-    async with aiohttp.ClientSession() as s:
-        before = await goodput.Daemon(s, app.url, app.token).status()
-    doc = await goodput.run_against_url(app.url, app.token, _tiny_plan(), {}, log=lambda m: None)
+    async with app.admin() as admin:
+        before = await goodput.Daemon(admin).status()
+    doc = await goodput.run_against_url(app.address, _tiny_plan(), {}, log=lambda m: None)
     assert [r["arm"] for r in doc["runs"]] == ["controller", "unbounded", "static"]
     notes = "\n".join(doc["notes"])
     # The sweep ran with the daemon's cap out of the way, so 8 was not held at the limit of 4.
     assert doc["best_static"]["concurrency"] == 8 and doc["capacity_rps"] > 0
-    assert 'static: PUT /admin/controller {"mode": "manual", "limit": 8}: 200' in notes
+    assert 'static: PUT /admin/controller {"mode": "manual", "limit": 8}: applied' in notes
     assert all(r["sent"] > 0 and r["good"] <= r["ok"] <= r["sent"] for r in doc["runs"])
     (row,) = doc["ratios"]
     assert set(row) >= {"controller", "unbounded", "static", "controller_vs_unbounded"}
-    async with aiohttp.ClientSession() as s:
-        after = await goodput.Daemon(s, app.url, app.token).status()
+    async with app.admin() as admin:
+        after = await goodput.Daemon(admin).status()
     assert before is not None and after is not None
     for key in ("mode", "min", "max", "manual_limit"):
         assert after["controller"][key] == before["controller"][key], key
@@ -426,7 +434,7 @@ async def test_goodput_without_the_controller_endpoint_skips_arms(
 
     monkeypatch.setattr(goodput.Daemon, "set_controller", no_endpoint)
     doc = await goodput.run_against_url(
-        app.url, app.token, _tiny_plan(sweep_levels=(1, 2, 4)), {}, log=lambda m: None
+        app.address, _tiny_plan(sweep_levels=(1, 2, 4)), {}, log=lambda m: None
     )
     notes = "\n".join(doc["notes"])
     assert "PUT /admin/controller answered 404" in notes

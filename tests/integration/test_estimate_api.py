@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.api.app import build_app
-from appliance.api.keys import SERVICES
 from appliance.commands import estimate as estimate_cmd
 from appliance.config import Config, parse_config
+from appliance.daemon.app import build_app
 from appliance.domain.estimator import GIB
 from appliance.precheck import exit_code, plan_for_config
 from appliance.serve import preflight
@@ -140,10 +139,15 @@ async def test_precheck_serves_the_start_results(api: Api) -> None:
         "summary": {"pass": 0, "warn": 0, "fail": 0, "info": 0},
         "exit_code": 0,
     }
-    # What the daemon does at start: the real pre-flight on this machine, kept in the services.
+    # What the daemon does at start: the real pre-flight on this machine, composed into the
+    # services of the daemon that starts with it.
     results = preflight(api.cfg)
-    api.client.app[SERVICES].prechecks = results
-    status, body = await api.get("/admin/precheck")
+    app = build_app(
+        api.cfg, lambda: FakeEngine(token_delay_s=0.001), WordTokenizer(), prechecks=results
+    )
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/admin/precheck", headers={"Authorization": f"Bearer {api.token}"})
+        status, body = r.status, await r.json()
     assert status == 200
     assert body["results"] == [r.to_dict() for r in results]
     assert body["exit_code"] == exit_code(results)

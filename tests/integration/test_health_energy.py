@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.api.app import build_app
+from appliance.daemon.app import build_app
 from tests.fakes import FakeEngine, WordTokenizer
 from tests.integration.test_app_fake_engine import Harness, _cfg, _chat
 
@@ -128,16 +128,16 @@ async def test_queued_deadline_tells_clients_not_to_retry(h: Harness):
 
 
 async def test_history_row_carries_throughput_memory_and_gpu_load(h: Harness):
-    from appliance.api.maintenance import history_row
-    from appliance.domain.rates import CounterRates
+    from appliance.services.metric_row import MetricRows
 
-    rates = CounterRates()
-    first = history_row(h.svc, rates)
+    svc = h.svc
+    rows = MetricRows(svc.admission, svc.supervisor, svc.telemetry_loop, svc.metrics, svc.latency)
+    first = rows.row()
     assert "tokens_per_s" not in first  # no rate before a second sample
     for _ in range(3):
         assert (await h.client.post("/v1/chat/completions", json=_chat(max_tokens=5))).status == 200
     await asyncio.sleep(0.05)
-    row = history_row(h.svc, rates)
+    row = rows.row()
     assert row["tokens_per_s"] > 0 and row["requests_per_s"] > 0 and row["arrivals_per_s"] > 0
     assert row["rejected_per_s"] == 0
     assert 0 < row["rss_bytes"] < row["memory_limit_bytes"]

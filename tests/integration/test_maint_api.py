@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.api.app import build_app
-from appliance.api.keys import SERVICES, Services
+from appliance.api.keys import SERVICES
 from appliance.config import parse_config
+from appliance.daemon.app import build_app
+from appliance.services.container import Services
 from appliance.services.store import StateStore
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer
@@ -121,6 +122,10 @@ async def test_thresholds_rollback_applies_and_rewrites_the_rules(tmp_path: Path
     assert body["active"]["source"] == "recalibration"
     assert body["active"]["data"]["derate_core_c"] == 73.0
     assert [p["source"] for p in body["previous"]] == ["config"]
+    # The SLO reaches the controller through its one path: the settings and an event.
+    assert svc.controller.cfg.slo_ttft_p99_s == body["active"]["data"]["slo_ttft_p99_s"]
+    sources = [e.data["source"] for e in svc.events.recent(200) if e.kind == "controller_config"]
+    assert sources == ["the quarterly recalibration"]
 
     r = await c.post("/admin/thresholds/rollback", headers=app.admin())
     assert r.status == 200, await r.text()
@@ -132,6 +137,9 @@ async def test_thresholds_rollback_applies_and_rewrites_the_rules(tmp_path: Path
     assert f"> {configured:g}" in rules.read_text() and "> 73" not in rules.read_text()
     (ev,) = [e for e in svc.events.recent(200) if e.kind == "thresholds_rolled_back"]
     assert ev.data["changes"] == body["changes"]
+    ev = [e for e in svc.events.recent(200) if e.kind == "controller_config"][-1]
+    assert ev.data["source"] == "a threshold rollback"
+    assert svc.controller.cfg.slo_ttft_p99_s == svc.config.slo.ttft_p99_s
     body = await (await c.get("/admin/thresholds", headers=app.admin())).json()
     assert body["active"]["source"] == "config" and body["previous"] == []
     assert [t["data"]["derate_core_c"] for t in body["rolled_back"]] == [73.0]
@@ -147,7 +155,7 @@ async def test_benchmark_ceiling_survives_a_daemon_restart(tmp_path: Path, start
     store.close()
     app = await _start(tmp_path)
     started.append(app)
-    assert app.svc.ceiling == 6
+    assert app.svc.controller.ceiling == 6
     (ev,) = [e for e in app.svc.events.recent(200) if e.kind == "ceiling"]
     assert ev.data == {"ceiling": 6} and "stored benchmark 1" in ev.reason
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+from appliance.client import parse_sse
 from tests.integration.test_app_fake_engine import MODEL, Harness, _chat
 
 
 async def _sse(resp) -> list[str]:  # type: ignore[no-untyped-def]
-    text = await resp.text()
-    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    return [event.data for event in parse_sse(await resp.text())]
 
 
 async def test_vllm_probes_answer_as_vllm_does(h: Harness):
@@ -30,6 +30,7 @@ async def test_health_is_503_while_the_engine_is_dead(h: Harness):
 
 
 async def test_stream_cut_at_its_deadline_ends_with_a_deadline_chunk(h: Harness):
+    # The fake engine sleeps per token: 50 take >= 1 s anywhere, so the 150 ms deadline is first.
     h.engine.token_delay_s = 0.02
     r = await h.client.post(
         "/v1/chat/completions", json=_chat(max_tokens=50, deadline_ms=150, stream=True)
@@ -44,7 +45,7 @@ async def test_stream_cut_at_its_deadline_ends_with_a_deadline_chunk(h: Harness)
 
 
 async def test_every_open_choice_is_cut_at_the_deadline(h: Harness):
-    h.engine.token_delay_s = 0.02
+    h.engine.token_delay_s = 0.02  # >= 1 s for 50 tokens on any machine: the deadline is first
     r = await h.client.post("/v1/chat/completions", json=_chat(max_tokens=50, n=2, deadline_ms=150))
     body = await r.json()
     assert r.status == 200
@@ -104,8 +105,8 @@ async def test_responses_stream_is_vllms_event_stream(h: Harness):
         json={"model": MODEL, "input": "hello", "max_output_tokens": 3, "stream": True},
     )
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-    text = await r.text()
-    events = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    stream = parse_sse(await r.text())
+    events = [e.event for e in stream]
     assert events[0] == "response.created" and events[-1] == "response.completed"
-    done = json.loads([ln for ln in text.splitlines() if ln.startswith("data: ")][-1][6:])
+    done = stream[-1].json()
     assert done["response"]["output"][-1]["content"][0]["text"].startswith("tok0")

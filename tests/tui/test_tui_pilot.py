@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -18,14 +19,15 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import DataTable
 
-from appliance.api.app import build_app as build_daemon
-from appliance.api.keys import SERVICES, Services
+from appliance.api.keys import SERVICES
+from appliance.client import AdminClient, find_daemon, read_token_file
 from appliance.config import parse_config
+from appliance.daemon.app import build_app as build_daemon
 from appliance.domain.analysis import SweepPoint, find_knee, pareto_front, weighted_score
+from appliance.services.container import Services
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer
 from tui.app import ApplianceTui, build_app
-from tui.client import AdminClient, resolve_token
 from tui.model import Link
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
@@ -71,7 +73,7 @@ class Live:
         return self.server.app[SERVICES]
 
     def client(self) -> AdminClient:
-        return AdminClient(self.url, resolve_token(self.token_file))
+        return AdminClient(self.url, read_token_file(self.token_file))
 
 
 async def start_live(state_dir: Path, port: int | None = None) -> Live:
@@ -359,7 +361,7 @@ async def test_daemon_down_banner_then_reconnect(tmp_path: Path) -> None:
     port = free_port()
     token = tmp_path / "admin.token"
     token.write_text("will-be-replaced")
-    client = AdminClient(f"http://127.0.0.1:{port}", resolve_token(token))
+    client = AdminClient(f"http://127.0.0.1:{port}", read_token_file(token))
     app = tui(client)
     async with app.run_test(size=(80, 24)) as pilot:
         seen = record_notifications(app)
@@ -367,11 +369,11 @@ async def test_daemon_down_banner_then_reconnect(tmp_path: Path) -> None:
         await until(pilot, lambda: "DAEMON DOWN" in text(banner))
         assert banner.display and "retrying in" in text(banner)
         assert f"127.0.0.1:{port}" in text(banner)
-        # The daemon comes up on that port, writing the token the client will read.
+        # The daemon comes up on that port and writes a new token: the client's first 401
+        # makes it read the file again.
         token.unlink()
         live = await start_live(tmp_path, port=port)
         try:
-            client.token = resolve_token(token)
             await until(pilot, lambda: app.model.connection.link is Link.UP, 5)
             await until(pilot, lambda: not banner.display)
             assert any("reconnected" in s for s in seen)
@@ -384,7 +386,7 @@ async def test_daemon_down_banner_then_reconnect(tmp_path: Path) -> None:
 async def test_bad_token_says_where_the_token_lives(live: Live, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.token"
     wrong.write_text("not-the-token")
-    app = tui(AdminClient(live.url, resolve_token(wrong)))
+    app = tui(AdminClient(live.url, read_token_file(wrong, f"--token-file {wrong}")))
     async with app.run_test(size=(80, 24)) as pilot:
         banner = app.screen.query_one("#banner")
         await until(pilot, lambda: "BAD ADMIN TOKEN" in text(banner))
@@ -395,22 +397,29 @@ async def test_bad_token_says_where_the_token_lives(live: Live, tmp_path: Path) 
         assert app.model.connection.link is Link.UNAUTHORIZED
 
 
-async def test_missing_token_says_where_the_token_lives(
+async def test_missing_token_names_the_file_the_config_points_at(
     live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path / "..")  # no ./state/admin.token here
-    token = resolve_token(None)
-    assert token.value is None
-    app = tui(AdminClient(live.url, token))
+    for name in ("APPLIANCE_URL", "APPLIANCE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    # The daemon's config names a state directory where no token was ever written.
+    empty = tmp_path / "other-state"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"state_dir: {empty}\nserver: {{port: {urlsplit(live.url).port}}}\n")
+    address = find_daemon(config=cfg)
+    assert address.url == live.url and address.token.value is None
+    app = tui(AdminClient.at(address))
     async with app.run_test(size=(80, 24)) as pilot:
         banner = app.screen.query_one("#banner")
         await until(pilot, lambda: "no admin token found" in text(banner))
-        assert "state/admin.token" in text(banner)
+        assert str(empty / "admin.token") in text(banner)
+        assert app.model.connection.link is Link.UNAUTHORIZED
 
 
 @pytest.mark.engine
 async def test_dashboard_against_the_real_engine(daemon: Any) -> None:
-    client = AdminClient(daemon.url, resolve_token(daemon.state_dir / "admin.token"))
+    token_file = daemon.state_dir / "admin.token"
+    client = AdminClient.at(find_daemon(url=daemon.url, token_file=token_file))
     app = tui(client, refresh_s=0.5)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.model.connection.link is Link.UP, 20)

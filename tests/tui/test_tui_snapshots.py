@@ -139,7 +139,7 @@ BENCH = {
 
 
 class StubClient:
-    """The same interface as tui.client.AdminClient, answering fixed data (snapshots only)."""
+    """The interface of appliance.client.AdminClient, answering fixed data (snapshots only)."""
 
     url = "http://127.0.0.1:8000"
 

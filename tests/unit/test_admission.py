@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -12,20 +11,48 @@ from appliance.errors import Overloaded
 from appliance.services.admission import AdmissionQueue, DeadlineExceeded, Lane
 
 
+class ManualClock:
+    """A monotonic clock the test moves by hand.
+
+    The queue reads waits, holds and deadlines from it, so a test states "an hour passed"
+    instead of sleeping and bounding wall time. The queue still waits on real timers of the
+    length it computes, so a waiter notices a moved clock on its next timer (at most the
+    queue bound or deadline it computed, in real seconds): keep those short.
+    """
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def _queue(
-    limit: int = 1, cap: int = 4, wait_s: float = 5.0, reserved: float = 0.0
+    limit: int = 1,
+    cap: int = 4,
+    wait_s: float = 5.0,
+    reserved: float = 0.0,
+    clock: ManualClock | None = None,
 ) -> AdmissionQueue:
-    q = AdmissionQueue(
-        AdmissionConfig(
-            concurrency_limit=limit,
-            max_queue_wait_s=wait_s,
-            realtime_reserved_share=reserved,
-            queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap),
-            retry_after_s=3,
-        )
+    cfg = AdmissionConfig(
+        concurrency_limit=limit,
+        max_queue_wait_s=wait_s,
+        realtime_reserved_share=reserved,
+        queue_capacity=LaneConfig(realtime=cap, interactive=cap, batch=cap),
+        retry_after_s=3,
     )
+    q = AdmissionQueue(cfg) if clock is None else AdmissionQueue(cfg, clock)
     q.open()
     return q
+
+
+async def _enter(q: AdmissionQueue, lane: Lane, deadline_s: float | None = None) -> None:
+    """Take a slot and give it back at once."""
+    async with q.slot(lane, deadline_s=deadline_s):
+        pass
 
 
 async def _hold(
@@ -79,6 +106,8 @@ async def test_full_lane_is_rejected_with_retry_after():
 
 
 async def test_queue_wait_is_bounded():
+    # The real clock on purpose (the daemon's): only that the wait ends in queue_timeout is
+    # asserted, never how long it took.
     q = _queue(limit=1, wait_s=0.05)
     gate = asyncio.Event()
     running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", gate))
@@ -95,7 +124,8 @@ async def test_queue_wait_is_bounded():
 async def test_time_held_closed_does_not_count_against_the_queue_wait():
     # A restart holds the queue for longer than max_queue_wait_s: the waiters must run after
     # it, not get 429s. Once the queue is open again the bound applies as usual.
-    q = _queue(limit=1, wait_s=0.1)
+    clock = ManualClock()
+    q = _queue(limit=1, wait_s=0.02, clock=clock)
     q.close()
     order: list[str] = []
     gate = asyncio.Event()
@@ -103,41 +133,61 @@ async def test_time_held_closed_does_not_count_against_the_queue_wait():
     waiting = [
         asyncio.create_task(_hold(q, Lane.INTERACTIVE, order, f"w{i}", gate)) for i in range(3)
     ]
-    await asyncio.sleep(0.3)  # three times the bound, held
-    assert q.queued() == 3 and q.held_s() >= 0.3
+    await asyncio.sleep(0)
+    clock.advance(3600)  # an hour-long hold, 180 000 times the bound
+    # Real time for each waiter to re-read the clock several times (its timer is 0.02 s):
+    # one that counted the hold would give up here.
+    await asyncio.sleep(0.1)
+    assert q.queued() == 3 and q.held_s() == 3600
     q.open()
     await asyncio.gather(*waiting)
     assert order == ["w0", "w1", "w2"]
-    # Open again: a request stuck behind a running one still times out at the bound.
+    # Open again: a request stuck behind a running one times out at the bound, not before.
     block = asyncio.Event()
     running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", block))
     await asyncio.sleep(0)
-    t0 = time.monotonic()
-    with pytest.raises(Overloaded):
-        async with q.slot(Lane.INTERACTIVE):
-            pass
-    assert 0.09 <= time.monotonic() - t0 < 1.0
+    stuck = asyncio.create_task(_enter(q, Lane.INTERACTIVE))
+    await asyncio.sleep(0)
+    clock.advance(0.019)  # just short of the bound
+    await asyncio.sleep(0.1)  # real time passes; it is the clock the bound is read from
+    assert not stuck.done() and q.queued() == 1
+    clock.advance(0.002)  # past it
+    with pytest.raises(Overloaded) as err:
+        await stuck
+    assert err.value.code == "queue_timeout"
+    assert q.queued() == 0 and q.in_flight == 1
     block.set()
     await running
 
 
 async def test_deadline_while_held_still_expires():
-    q = _queue(limit=1, wait_s=5)
+    # Holding the queue pauses its own bound, never the client's deadline.
+    clock = ManualClock()
+    q = _queue(limit=1, wait_s=0.02, clock=clock)
     q.close()
+    waiter = asyncio.create_task(_enter(q, Lane.INTERACTIVE, deadline_s=clock() + 0.05))
+    await asyncio.sleep(0)
+    clock.advance(0.04)  # twice the queue bound, short of the deadline
+    await asyncio.sleep(0.1)
+    assert not waiter.done() and q.queued() == 1
+    clock.advance(0.02)
     with pytest.raises(DeadlineExceeded):
-        async with q.slot(Lane.INTERACTIVE, deadline_s=time.monotonic() + 0.05):
-            pass
+        await waiter
     assert q.queued() == 0 and q.in_flight == 0
 
 
 async def test_deadline_while_queued_is_its_own_error():
-    q = _queue(limit=1, wait_s=5)
+    clock = ManualClock()
+    q = _queue(limit=1, wait_s=5, clock=clock)
     gate = asyncio.Event()
     running = asyncio.create_task(_hold(q, Lane.INTERACTIVE, [], "run", gate))
     await asyncio.sleep(0)
+    waiter = asyncio.create_task(_enter(q, Lane.INTERACTIVE, deadline_s=clock() + 0.05))
+    await asyncio.sleep(0)
+    clock.advance(0.06)  # past the deadline, far inside the 5 s queue bound
     with pytest.raises(DeadlineExceeded):
-        async with q.slot(Lane.INTERACTIVE, deadline_s=time.monotonic() + 0.05):
-            pass
+        await waiter
+    assert q.queued() == 0 and q.in_flight == 1
     gate.set()
     await running
 

@@ -48,7 +48,7 @@ def curve(pairs: list[tuple[int, float]], **kw: object) -> list[SweepPoint]:
     return [pt(c, t, **kw) for c, t in pairs]  # type: ignore[arg-type]
 
 
-# FACTS.md: offline LLM.generate on this machine, 32 output tokens each.
+# Measured on the CPU engine (2-core box): offline LLM.generate, 32 output tokens each.
 RECORDED_CPU = curve([(1, 31.0), (8, 192.0), (64, 317.0)])
 FLAT = curve([(1, 100.0), (2, 101.0), (4, 99.0), (8, 100.5), (16, 100.0)])
 NOISY = curve(
@@ -160,8 +160,10 @@ def test_bad_sweeps_are_rejected():
         pt(1, -5)
     with pytest.raises(ValueError, match=r"utilisation: must be in \[0, 1\]"):
         pt(1, 5, util=1.5)
-    with pytest.raises(ValueError, match=r"slo\.ttft_p99_s: must be > 0"):
+    with pytest.raises(ValueError, match=r"slo\.ttft_p99_s: must be in \[0\.001, 3600\] s"):
         Slo(ttft_p99_s=0)
+    with pytest.raises(ValueError, match=r"slo\.e2e_p99_s: must be in \[0\.001, 3600\] s"):
+        Slo(e2e_p99_s=7200)
     with pytest.raises(ValueError, match=r"min_gain_ratio: must be in \(0, 1\)"):
         throughput_knee(RECORDED_CPU, min_gain_ratio=0)
 

@@ -111,14 +111,14 @@ CROSS_FIELD_CASES = [
     ),
     pytest.param(
         "controller:\n  min_limit: 8\n  max_limit: 4\n",
-        "controller.min_limit",
         "controller.max_limit",
+        "controller.min_limit",
         id="min_limit-above-max_limit",
     ),
     pytest.param(
         "engine:\n  max_num_seqs: 4\ncontroller:\n  min_limit: 8\n",
-        "controller.min_limit",
         "engine.max_num_seqs",
+        "controller.min_limit",
         id="min_limit-above-max_num_seqs-when-max_limit-null",
     ),
 ]
@@ -148,8 +148,99 @@ def test_cross_field_rules_report_together():
         )
     assert {k for k, _ in err.value.problems} == {
         "admission.concurrency_limit",
-        "controller.min_limit",
+        "controller.max_limit",
     }
+
+
+# -- policy limits: stated once, in the domain, named here by the yaml key that sets them ----------
+
+POLICY_LIMIT_CASES = [
+    pytest.param("slo:\n  ttft_p99_s: 0\n", "slo.ttft_p99_s", "[0.001, 3600] s", id="slo-min"),
+    pytest.param("slo:\n  tpot_p99_s: 7200\n", "slo.tpot_p99_s", "[0.001, 3600] s", id="slo-max"),
+    pytest.param(
+        "controller:\n  min_limit: 0\n", "controller.min_limit", "[1, 4096]", id="limit-range"
+    ),
+    pytest.param(
+        "controller:\n  kv_high_ratio: 1.5\n",
+        "controller.kv_high_ratio",
+        "(0, 1]",
+        id="kv_high_ratio",
+    ),
+    pytest.param(
+        "controller:\n  decrease_factor: 1\n",
+        "controller.decrease_factor",
+        "(0, 1)",
+        id="decrease_factor",
+    ),
+    pytest.param("controller:\n  tick_s: 0\n", "controller.tick_s", "> 0", id="tick_s"),
+    pytest.param(
+        "thermal:\n  step_factor: 1.0\n", "thermal.step_factor", "(0, 1)", id="step_factor"
+    ),
+    pytest.param("thermal:\n  hysteresis_c: 0\n", "thermal.hysteresis_c", "> 0", id="hysteresis_c"),
+    pytest.param(
+        "bench:\n  weights:\n    latency: -1\n",
+        "bench.weights.latency",
+        ">= 0",
+        id="weight-negative",
+    ),
+    pytest.param(
+        "bench:\n  weights: {latency: 0, throughput: 0, utilisation: 0, energy: 0}\n",
+        "bench.weights",
+        "at least one weight must be > 0",
+        id="weights-all-zero",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "limit"), POLICY_LIMIT_CASES)
+def test_policy_limits_name_the_key_and_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str, limit: str
+):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert [k for k, _ in err.value.problems] == [key]
+    assert limit in err.value.problems[0][1]
+    assert main(["config", "check", str(bad)]) == 2
+    assert f"{key}: " in capsys.readouterr().err
+
+
+def test_policy_limits_are_reported_with_every_other_problem():
+    from appliance.config import parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "server": {"port": 70000},
+                "engine": {"max_num_seqs": 4},
+                "admission": {"concurrency_limit": 5},
+                "slo": {"ttft_p99_s": 0},
+                "controller": {"kv_high_ratio": 2},
+                "thermal": {"floor_factor": 0},
+            }
+        )
+    assert {k for k, _ in err.value.problems} == {
+        "server.port",
+        "admission.concurrency_limit",
+        "slo.ttft_p99_s",
+        "controller.kv_high_ratio",
+        "thermal.floor_factor",
+    }
+
+
+def test_the_config_accepts_what_the_policy_accepts():
+    from appliance.config import parse_config
+    from appliance.domain.limits import CONCURRENCY_LIMIT_MAX, SLO_MAX_S, SLO_MIN_S
+
+    cfg = parse_config(
+        {
+            "engine": {"max_num_seqs": CONCURRENCY_LIMIT_MAX},
+            "slo": {"ttft_p99_s": SLO_MAX_S, "tpot_p99_s": SLO_MIN_S},
+        }
+    )
+    policy = cfg.controller.to_policy(cfg.slo, cfg.engine.max_num_seqs)
+    assert (policy.max_limit, policy.slo_ttft_p99_s) == (CONCURRENCY_LIMIT_MAX, SLO_MAX_S)
 
 
 def test_concurrency_limit_defaults_to_max_num_seqs():
@@ -336,5 +427,5 @@ def test_config_check_names_model_and_vllm_mapping_keys_together(
     )
     assert main(["config", "check", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "controller.min_limit: 8 is above controller.max_limit (4)" in err
+    assert "controller.max_limit: must be >= controller.min_limit (8), got 4" in err
     assert "engine.vllm.blok_size: unknown vLLM engine argument" in err

@@ -39,7 +39,6 @@ def _loop(
         admission,
         latency,
         kv_usage=lambda: 0.1,
-        ceiling=lambda: None,
         events=events,
         clock=clock,
         forecast=forecast,

@@ -56,7 +56,7 @@ KV_PER_TOKEN = {
     "deepseek_v2_lite": 27 * (512 + 64) * 2,  # 31,104
     "gemma2_9b_it": 2 * 42 * 8 * 256 * 2,  # 344,064
     "gemma3_4b_it": 2 * 34 * 4 * 256 * 2,  # 139,264
-    "smollm2_135m_instruct": 2 * 30 * 3 * 64 * 2,  # 23,040 (FACTS.md)
+    "smollm2_135m_instruct": 2 * 30 * 3 * 64 * 2,  # 23,040 (30 layers, 3 KV heads of 64)
 }
 
 # Parameters from the architecture, summed by hand (model cards: 8.03B, 7.62B, 7.24B, 15.7B,
@@ -110,7 +110,7 @@ def test_every_shipped_config_has_a_table_row() -> None:
 def test_grouped_query_attention_is_not_the_hidden_size_formula() -> None:
     smol = spec("smollm2_135m_instruct")
     naive_per_token = 2 * 576 * 30 * 2
-    assert naive_per_token == 3 * kv_bytes_per_token(smol)  # FACTS.md: 3x over for GQA
+    assert naive_per_token == 3 * kv_bytes_per_token(smol)  # 9 query heads share 3 KV heads
 
 
 def test_mla_caches_latent_and_rope_only() -> None:
@@ -172,7 +172,7 @@ def test_sliding_blocks_per_sequence_as_vllm_reserves() -> None:
 
 def test_smollm2_capacity_matches_vllm_measurement() -> None:
     smol = spec("smollm2_135m_instruct")
-    # FACTS.md: 2 GiB on the CPU engine -> 728 blocks of 128 = 93,184 tokens.
+    # Measured on the CPU engine: a 2 GiB KV cache -> 728 blocks of 128 = 93,184 tokens.
     assert kv_pool_blocks(smol, 2 * GIB, 128) == 728
     assert kv_capacity_tokens(smol, 2 * GIB, 128) == 93184
     assert vllm_kv_cache_size_tokens(smol, 2 * GIB, 128, 2048, in_flight_tokens=2048) == 93184

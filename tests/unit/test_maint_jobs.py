@@ -12,10 +12,11 @@ import pytest
 
 from appliance.domain.recalibrate import Bounds, Thresholds
 from appliance.services.events import Event, EventBus
+from appliance.services.process_memory import EngineRssBaseline
 from appliance.services.store import StateStore
 from maintenance import rebenchmark as rebench_mod
 from maintenance.recalibrate import recalibrate_thresholds, rollback_thresholds
-from maintenance.restart import EngineRssBaseline, defrag_restart
+from maintenance.restart import defrag_restart
 
 CURRENT = Thresholds(
     derate_core_c=85,

@@ -1,8 +1,9 @@
 """NVML adapter against the real `pynvml` module with its C calls patched to a fake GPU.
 
 The error classes, constants and ctypes structures are pynvml's own; only the functions that
-would reach libnvidia-ml are replaced. The last tests run the untouched module on this
-machine, which has no NVIDIA driver.
+would reach libnvidia-ml are replaced. Both readers of the one adapter run against the same
+fake: the telemetry sampler and the pre-check's inventory. The last tests run the untouched
+module on this machine, which has no NVIDIA driver.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from appliance.adapters.nvml import NvmlTelemetry
+from appliance.adapters.nvml import NvmlTelemetry, read_inventory
 
 MIB = 2**20
 
@@ -54,6 +55,8 @@ class FakeGpu:
         pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown
     )
     ecc: int = 0
+    cc: tuple[int, int] = (9, 0)
+    ecc_mode: tuple[int, int] = (1, 1)  # current, pending
     xid_supported: bool = True
     # pynvml function name -> exception raised on every call
     errors: dict[str, BaseException] = field(default_factory=dict)
@@ -179,9 +182,20 @@ class FakeNvml:
         return self.gpus[h].reasons
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        assert kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        assert counter == pynvml.NVML_VOLATILE_ECC
-        return self.gpus[h].ecc
+        # The sampler asks for volatile uncorrected only; the inventory reads more counters.
+        if (kind, counter) == (
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        ):
+            return self.gpus[h].ecc
+        return 0
+
+    # static facts the inventory reads
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        return self.gpus[h].cc
+
+    def nvmlDeviceGetEccMode(self, h: int) -> list[int]:
+        return list(self.gpus[h].ecc_mode)
 
     # Xid events
     def nvmlEventSetCreate(self) -> str:
@@ -333,6 +347,73 @@ def test_gpu_lost_at_start(fake: FakeNvml) -> None:
     fake.gpus[1].errors["nvmlDeviceGetHandleByIndex"] = pynvml.NVMLError_GpuIsLost()
     nv = NvmlTelemetry()
     assert nv.available and [s.lost for s in nv.sample()] == [False, True]
+
+
+# -- one definition of a lost GPU, for the sampler and the inventory alike -------------------
+
+LOST_ERRORS = [pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired]
+LOST_ERRORS.append(pynvml.NVMLError_GpuNotFound)
+
+
+@pytest.mark.parametrize("error", LOST_ERRORS)
+@pytest.mark.parametrize("function", ["nvmlDeviceGetTemperature", "nvmlDeviceGetNvLinkState"])
+def test_sampler_and_inventory_agree_a_gpu_is_lost(
+    fake: FakeNvml, error: type[BaseException], function: str
+) -> None:
+    fake.gpus[1].errors[function] = error()
+    nv = NvmlTelemetry()
+    assert [s.lost for s in nv.sample()] == [False, True]
+    nv.close()
+    inv = read_inventory()
+    assert inv.state == "ok"
+    assert [g.lost for g in inv.gpus] == [False, True]
+    lost = inv.gpus[1]
+    # What was read before the loss is kept: the board can still be named.
+    assert lost.name == "NVIDIA H100 80GB HBM3" and lost.uuid == "GPU-second"
+    assert any(e.endswith(error.__name__.removeprefix("NVMLError_")) for e in lost.errors)
+
+
+@pytest.mark.parametrize("error", LOST_ERRORS)
+def test_a_gpu_lost_at_its_handle_is_lost_for_both(
+    fake: FakeNvml, error: type[BaseException]
+) -> None:
+    fake.gpus[0].errors["nvmlDeviceGetHandleByIndex"] = error()
+    assert [s.lost for s in NvmlTelemetry().sample()] == [True, False]
+    assert [g.lost for g in read_inventory().gpus] == [True, False]
+
+
+@pytest.mark.parametrize(
+    "error", [pynvml.NVMLError_Unknown, pynvml.NVMLError_Timeout, pynvml.NVMLError_NotSupported]
+)
+def test_sampler_and_inventory_agree_other_errors_are_not_a_lost_gpu(
+    fake: FakeNvml, error: type[BaseException]
+) -> None:
+    fake.gpus[1].errors["nvmlDeviceGetTemperature"] = error()
+    s = NvmlTelemetry().sample()[1]
+    assert not s.lost and s.core_temp_c is None and s.power_w is not None
+    g = read_inventory().gpus[1]
+    assert not g.lost and g.temperature_c is None and g.nvlink_links_total == 18
+    assert f"temperature: {error.__name__.removeprefix('NVMLError_')}" in g.errors
+
+
+def test_inventory_reads_the_same_gpus_the_sampler_does(fake: FakeNvml) -> None:
+    samples = NvmlTelemetry().sample()
+    inv = read_inventory()
+    assert inv.driver_version == "570.86.15" and inv.cuda_driver_version == "12.8"
+    assert [g.uuid for g in inv.gpus] == [s.uuid for s in samples]
+    for g, s in zip(inv.gpus, samples, strict=True):
+        assert g.errors == () and not g.lost
+        assert g.memory_total_bytes == s.mem_total_bytes
+        assert g.temperature_c == s.core_temp_c
+        assert (g.pcie_gen_current, g.pcie_gen_max, g.pcie_width_current, g.pcie_width_max) == (
+            s.pcie_gen,
+            s.pcie_gen_max,
+            s.pcie_width,
+            s.pcie_width_max,
+        )
+        assert g.nvlink_links_active == s.nvlink_active == 18
+        assert g.ecc_uncorrected_volatile == s.ecc_errors == 0
+    assert fake.shutdowns == 1  # the inventory opens NVML and shuts it again
 
 
 def test_unknown_error_is_transient_and_logged_once(
@@ -487,6 +568,8 @@ def test_pynvml_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     nv = NvmlTelemetry()
     assert not nv.available and "not installed" in (nv.error or "")
     assert nv.sample() == []
+    inv = read_inventory()
+    assert inv.state == "no_library" and "not installed" in inv.detail
 
 
 # -- scripts/gpu_sample_check.py -------------------------------------------------------

@@ -7,6 +7,8 @@ import json
 import math
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,14 +18,14 @@ from typing import Any
 import pynvml
 import pytest
 
-from appliance.adapters.nvml_inventory import Inventory, read_inventory
+from appliance.adapters.nvml import Inventory, read_inventory
+from appliance.adapters.torch_probe import TorchCuda, torch_cuda_facts
 from appliance.commands import precheck as precheck_cmd
 from appliance.config import Config, parse_config
 from appliance.domain.estimator import DEFAULT_USABLE_FRACTION, GIB, MIB
 from appliance.precheck import (
     CheckResult,
     Probes,
-    TorchCuda,
     check_model,
     exit_code,
     load_tokenizer,
@@ -235,7 +237,7 @@ def test_bad_handle_gives_an_empty_gpu() -> None:
 
 def test_this_machine_has_no_nvml_library() -> None:
     inv = read_inventory()
-    # FACTS.md: nvmlInit raises NVMLError_LibraryNotFound on this machine kind.
+    # A CPU-only box has no NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound there.
     assert inv.state in {"no_library", "ok"}
     if inv.state == "no_library":
         assert "LibraryNotFound" in inv.detail
@@ -361,6 +363,9 @@ def edit(fake: FakeNvml, index: int, **values: Any) -> FakeNvml:
         (edit(box(), 7, temperature=90), "temperature", "fail", ">= 85 C"),
         (edit(box(), 4, nvlinks_active=12), "nvlink", "warn", "uneven active links"),
         (edit(box(), 4, cc=pynvml.NVMLError_GpuIsLost), "gpu", "fail", "GPU 4 lost"),
+        # The adapter's one definition of lost: a GPU needing a reset or gone from the bus too.
+        (edit(box(), 3, temperature=pynvml.NVMLError_ResetRequired), "gpu", "fail", "GPU 3 lost"),
+        (edit(box(), 6, memory=pynvml.NVMLError_GpuNotFound), "gpu", "fail", "GPU 6 lost"),
         (edit(box(2), 1, name="NVIDIA A100-SXM4-80GB"), "gpu", "warn", "mixed GPU models"),
     ],
 )
@@ -514,6 +519,47 @@ def test_real_smollm2_tokenizer_loads_quickly() -> None:
     elapsed = time.perf_counter() - started
     assert summary == "tokenizer.json, 49152 tokens, chat template"
     assert elapsed < 2.0, f"took {elapsed:.2f} s"
+
+
+def test_folder_without_tokenizer_json_loads_through_auto_tokenizer(tmp_path: Path) -> None:
+    # A GPT-2 style BPE (vocab.json + merges.txt): only transformers' AutoTokenizer reads it.
+    (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "GPT2Tokenizer", "chat_template": CHAT_TEMPLATE})
+    )
+    assert load_tokenizer(tmp_path) == "AutoTokenizer, 4 tokens, chat template"
+
+
+def test_torch_cuda_facts_from_the_installed_torch() -> None:
+    torch = pytest.importorskip("torch")
+    facts = torch_cuda_facts()
+    assert facts is not None
+    assert facts.cuda_available == torch.cuda.is_available()
+    assert facts.cuda_runtime == torch.version.cuda
+    # cuDNN is only asked about where a GPU can use it.
+    assert (facts.cudnn_version is not None) == facts.cuda_available
+
+
+def test_importing_the_precheck_loads_no_gpu_or_model_library() -> None:
+    # `appliance serve` imports these at start; NVML, torch and the tokenizer load on first use.
+    code = "import sys, appliance.precheck, appliance.model_prep, appliance.adapters.nvml\n"
+    code += "print(sorted(m for m in ('pynvml', 'torch', 'transformers', 'tokenizers')"
+    code += " if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_torch_cuda_facts_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise
+    assert torch_cuda_facts() is None
 
 
 def test_model_with_a_broken_config(tmp_path: Path) -> None:

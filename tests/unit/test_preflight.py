@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance import cli
-from appliance.adapters.nvml_inventory import Inventory, read_inventory
+from appliance.adapters.nvml import Inventory, read_inventory
 from appliance.domain.estimator import GIB
 from appliance.errors import EngineStartError
 from appliance.serve import BadModelConfig, preflight

@@ -24,9 +24,9 @@ from appliance.domain.recalibrate import (
     recalibrate,
     weighted_percentile,
 )
-from appliance.services.history import HOUR, MINUTE, RAW, HistorySampler
+from appliance.maintenance_config import MaintenanceConfig
+from appliance.services.metric_history import HOUR, MINUTE, RAW, HistorySampler
 from appliance.services.store import StateStore
-from maintenance.config import MaintenanceConfig
 
 CURRENT = Thresholds(
     derate_core_c=85,

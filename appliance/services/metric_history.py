@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.domain.history import rollup
+from appliance.maintenance_config import MaintenanceConfig
 from appliance.services.periodic import Periodic
 from appliance.services.store import StateStore
-from maintenance.config import MaintenanceConfig
 
 log = logging.getLogger("appliance.metrics")
 

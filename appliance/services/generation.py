@@ -6,17 +6,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from appliance.api.keys import Services
-from appliance.api.validation import ParsedRequest
 from appliance.domain.engine_types import GenerationDelta, GenerationRequest
+from appliance.domain.parsed_request import ParsedRequest
 from appliance.domain.request_scope import DEADLINE_FINISH_REASON, Outcome
+from appliance.ports import Engine
 
 
 async def generate(
-    svc: Services, parsed: ParsedRequest, request_id: str, outcome: Outcome, arrived_s: float
+    engine: Engine, parsed: ParsedRequest, request_id: str, outcome: Outcome, arrived_s: float
 ) -> AsyncIterator[GenerationDelta]:
     """Run the request in the engine, cut at its deadline; fills outcome as it goes."""
-    engine = svc.supervisor.engine
     gen_req = GenerationRequest(
         request_id, parsed.prompt_token_ids, parsed.sampling, priority=int(parsed.lane)
     )

@@ -1,13 +1,19 @@
-"""The `maintenance:` config section: schedules, guard, history retention, recalibration bounds."""
+"""The `maintenance:` config section: schedules, guard, history retention, recalibration bounds.
+
+It lives in the config layer (the daemon reads it to build the scheduler, the metric history
+and the recalibration job); maintenance/ imports it from here, never the other way round.
+"""
 
 from __future__ import annotations
 
 from apscheduler.triggers.cron import CronTrigger
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from appliance.config_section import Section
+from appliance.domain.recalibrate import Bounds
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# The hardware maxima recalibration keeps to by default are the domain's (Bounds).
+_HARDWARE = Bounds()
 
 
 def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
@@ -27,7 +33,7 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
     return CronTrigger.from_crontab(expr, timezone=timezone)
 
 
-class JobSchedule(_Section):
+class JobSchedule(Section):
     """One job's crontab line ("min hour day month weekday") and whether it runs."""
 
     enabled: bool = True
@@ -43,7 +49,7 @@ class JobSchedule(_Section):
         return value
 
 
-class MaintenanceConfig(_Section):
+class MaintenanceConfig(Section):
     """When maintenance runs and how careful it is."""
 
     timezone: str = "UTC"
@@ -74,8 +80,8 @@ class MaintenanceConfig(_Section):
     history_hour_keep_s: float = Field(400 * 86400.0, gt=0)
     # Recalibration may never raise a thermal threshold above these (the hardware's limits)
     # unless allow_above_hardware is set by the operator.
-    hardware_max_core_c: float = Field(90.0, gt=0, le=150)
-    hardware_max_mem_c: float = Field(100.0, gt=0, le=150)
+    hardware_max_core_c: float = Field(_HARDWARE.max_core_c, gt=0, le=150)
+    hardware_max_mem_c: float = Field(_HARDWARE.max_mem_c, gt=0, le=150)
     allow_above_hardware: bool = False
 
     @field_validator("timezone")

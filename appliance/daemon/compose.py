@@ -1,0 +1,132 @@
+"""Build the daemon's services in one step, each from the parts it needs (nothing runs
+yet; lifecycle.py starts them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from appliance.adapters.simgpu import SimGpu
+from appliance.config import Config, served_model_name
+from appliance.daemon import wiring
+from appliance.domain.controller import ControlMode
+from appliance.domain.gpu_sample import Telemetry
+from appliance.domain.latency_window import LatencyWindow
+from appliance.ports import EngineFactory, Tokenizer
+from appliance.precheck import CheckResult
+from appliance.services.accounting import RequestAccounting
+from appliance.services.admin_token import load_or_create_admin_token
+from appliance.services.admission import AdmissionQueue
+from appliance.services.container import Services
+from appliance.services.control_loop import ControlLoop
+from appliance.services.events import EventBus
+from appliance.services.long_context import LongContextRunner
+from appliance.services.metric_history import HistorySampler
+from appliance.services.metric_row import MetricRows
+from appliance.services.metrics import Metrics
+from appliance.services.process_memory import EngineRssBaseline, engine_rss
+from appliance.services.store import StateStore
+from appliance.services.supervisor import EngineSupervisor
+from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry
+from appliance.services.telemetry_metrics import TelemetryCollector
+from appliance.services.thresholds import LiveThresholds
+from maintenance.jobs import DaemonMaintenance, JobContext, predictor_path
+
+
+def compose(
+    cfg: Config,
+    engine_factory: EngineFactory,
+    tokenizer: Tokenizer,
+    telemetry: Telemetry | None = None,
+    prechecks: Sequence[CheckResult] = (),
+) -> Services:
+    """Every service, wired; the simulated GPU unless `telemetry` is given or configured."""
+    events = EventBus()
+    store = StateStore(cfg.state_dir / "appliance.db")
+    events.add_sink(lambda e: store.add_event(e.ts_s, e.kind, e.reason, e.data))
+    admission = AdmissionQueue(cfg.admission, limit=cfg.concurrency_limit())
+    supervisor = EngineSupervisor(
+        engine_factory, admission, events, cfg.engine, retry_after_s=cfg.admission.retry_after_s
+    )
+    telemetry = telemetry if telemetry is not None else build_telemetry(cfg.telemetry)
+    # The simulated GPU heats with the engine's load and takes faults; NVML does neither.
+    faults = telemetry if isinstance(telemetry, SimGpu) else None
+    if faults is not None:
+        faults.set_load_fn(lambda: wiring.engine_load(supervisor, admission))
+    metrics = Metrics()
+    telemetry_loop = TelemetryLoop(
+        telemetry,
+        cfg.thermal.to_policy(),
+        cfg.telemetry.interval_s,
+        on_sample=wiring.lost_gpu_watch(events),
+        on_decision=wiring.thermal_to_admission(admission, events),
+        tokens_fn=lambda: metrics.generated_tokens,
+    )
+    latency = LatencyWindow(window_s=max(60.0, cfg.controller.window_s))
+    history = HistorySampler(
+        store,
+        MetricRows(admission, supervisor, telemetry_loop, metrics, latency).row,
+        cfg.maintenance,
+    )
+    forecast = (
+        wiring.forecaster(history, predictor_path(cfg), cfg.controller.forecast_horizon_s)
+        if cfg.controller.forecast == "auto"
+        else None
+    )
+    controller = ControlLoop(
+        cfg.controller.to_policy(cfg.slo, cfg.engine.max_num_seqs),
+        ControlMode(cfg.controller.mode),
+        admission,
+        latency,
+        kv_usage=lambda: wiring.kv_usage(supervisor),
+        events=events,
+        record=store.add_decision,
+        forecast=forecast,
+    )
+    thresholds = LiveThresholds(cfg, store, controller, telemetry_loop)
+    rss_baseline = EngineRssBaseline(lambda: engine_rss(supervisor))
+    # The restart job's growth baseline: the engine RSS after every start.
+    events.add_sink(rss_baseline.on_event)
+    admin_token = load_or_create_admin_token(cfg.state_dir / cfg.server.admin_token_file)
+    maintenance = DaemonMaintenance(
+        JobContext(
+            config=cfg,
+            admission=admission,
+            supervisor=supervisor,
+            telemetry_loop=telemetry_loop,
+            store=store,
+            events=events,
+            metrics=metrics,
+            history=history,
+            controller=controller,
+            thresholds=thresholds,
+            rss_baseline=rss_baseline,
+            admin_token=admin_token,
+        )
+    )
+    metrics.add_refresher(wiring.admission_metrics(metrics, admission, supervisor))
+    metrics.add_collector(TelemetryCollector(telemetry_loop))
+    return Services(
+        config=cfg,
+        model_name=served_model_name(cfg),
+        tokenizer=tokenizer,
+        events=events,
+        metrics=metrics,
+        accounting=RequestAccounting(metrics, latency),
+        admission=admission,
+        supervisor=supervisor,
+        telemetry=telemetry,
+        telemetry_loop=telemetry_loop,
+        faults=faults,
+        admin_token=admin_token,
+        started_at_s=time.time(),
+        store=store,
+        controller=controller,
+        latency=latency,
+        history=history,
+        thresholds=thresholds,
+        maintenance=maintenance,
+        rss_baseline=rss_baseline,
+        long_context=LongContextRunner(cfg.long_context, tokenizer, supervisor),
+        prechecks=tuple(prechecks),
+    )

@@ -1,0 +1,70 @@
+"""Start the services in order and stop them in reverse: the store (closed last),
+telemetry (derating applies from the first request), the engine, the controller, then
+metric history and maintenance (after restoring what earlier runs decided)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from appliance.errors import EngineStartError
+from appliance.services.container import Services
+
+# Set when the first engine start fails: serve() exits non-zero so systemd can act.
+FATAL = web.AppKey("fatal", asyncio.Future)
+
+def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[None]]]:
+    """aiohttp cleanup contexts, in start order."""
+
+    async def store(app: web.Application) -> AsyncIterator[None]:
+        yield
+        svc.store.close()
+
+    async def telemetry(app: web.Application) -> AsyncIterator[None]:
+        await svc.telemetry_loop.start()
+        svc.events.emit(
+            "telemetry_started",
+            f"telemetry from {svc.telemetry.name}",
+            source=svc.telemetry.name,
+            simulated=svc.telemetry.simulated,
+        )
+        yield
+        await svc.telemetry_loop.stop()
+        svc.telemetry.close()
+
+    async def engine(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(_start_engine(svc, app[FATAL]), name="engine-start")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await svc.background.cancel_restart()
+        await svc.supervisor.stop()
+
+    async def controller(app: web.Application) -> AsyncIterator[None]:
+        await svc.controller.start()
+        yield
+        await svc.controller.stop()
+
+    async def maintenance(app: web.Application) -> AsyncIterator[None]:
+        await svc.history.start()
+        svc.maintenance.restore()
+        svc.maintenance.start()
+        yield
+        svc.maintenance.shutdown()
+        await svc.history.stop()
+
+    return [store, telemetry, engine, controller, maintenance]
+
+
+async def _start_engine(svc: Services, fatal: asyncio.Future[Any]) -> None:
+    try:
+        await svc.supervisor.start()
+    except EngineStartError as exc:
+        svc.events.emit("engine_start_failed", str(exc))
+        if not fatal.done():
+            fatal.set_exception(exc)
