@@ -9,7 +9,7 @@ KV-cache usage, the daemon's concurrency limit and GPU utilisation and energy.
 Scenarios: `chat` (short prompts), `document` (prompts near the context limit, sized from
 `max_model_len` in `GET /v1/models` and the endpoint's own token counts) and `mixed` (a
 quarter documents). Results are frozen dataclasses with `to_dict()`; the knee, Pareto front
-and scores come from `appliance.domain.analysis`.
+and scores come from `appliance.domain.sweep_analysis`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any
 import aiohttp
 
 from appliance.client import AdminClient, AdminError, Token, aiter_sse
-from appliance.domain.analysis import (
+from appliance.domain.latency_window import percentile
+from appliance.domain.sweep_analysis import (
     Knee,
     ScoreResult,
     ScoreWeights,
@@ -40,7 +41,6 @@ from appliance.domain.analysis import (
     tuning_result,
     weighted_score,
 )
-from appliance.domain.latency_window import percentile
 
 SCENARIOS = ("chat", "document", "mixed")
 DEFAULT_MAX_MODEL_LEN = 2048

@@ -63,8 +63,8 @@ from appliance.client import (  # noqa: E402
     DaemonAddress,
     find_daemon,
 )
-from appliance.domain.analysis import Slo, SweepPoint  # noqa: E402
 from appliance.domain.latency_window import percentile  # noqa: E402
+from appliance.domain.sweep_analysis import Slo, SweepPoint  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 ARMS = ("controller", "unbounded", "static")

@@ -125,6 +125,7 @@ def start_vllm_server(
     max_num_seqs: int,
     timeout_s: float = 420,
     extra_args: list[str] | None = None,
+    dtype: str = "bfloat16",
 ) -> ServerProc:
     """vLLM's own OpenAI server on the test daemon's engine settings (eager, the same
     context, sequences, dtype and seed), plus extra_args."""
@@ -135,7 +136,7 @@ def start_vllm_server(
         "--max-num-seqs",
         str(max_num_seqs),
         "--dtype",
-        "bfloat16",
+        dtype,
         "--enforce-eager",
         "--seed",
         "0",

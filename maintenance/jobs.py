@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config import Config
-from appliance.domain.analysis import Slo
 from appliance.domain.lanes import Lane
-from appliance.domain.recalibrate import Bounds
+from appliance.domain.sweep_analysis import Slo
+from appliance.domain.threshold_fit import Bounds
 from appliance.services.admission import AdmissionQueue
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus

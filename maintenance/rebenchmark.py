@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.bench_runner import BenchSettings, run_sweep
-from appliance.domain.analysis import ScoreWeights, Slo
+from appliance.domain.sweep_analysis import ScoreWeights, Slo
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
 

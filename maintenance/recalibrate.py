@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from appliance.domain.recalibrate import Bounds, Thresholds, recalibrate
+from appliance.domain.threshold_fit import Bounds, Thresholds, recalibrate
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
 

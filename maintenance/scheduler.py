@@ -15,7 +15,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 
-from appliance.maintenance_config import MaintenanceConfig, cron_trigger
+from appliance.config.maintenance import MaintenanceConfig, cron_trigger
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
 

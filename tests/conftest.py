@@ -35,6 +35,11 @@ START_TIMEOUT_S = 420
 # vLLM arguments both the shared daemon (engine.vllm) and vLLM's own server get.
 PARITY_ENGINE_VLLM = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
 PARITY_VLLM_ARGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+# The test engine's weights and KV cache in float32: on a CPU without native bf16 (AVX2 only,
+# no AVX512_BF16/AMX) torch's bf16 matmuls run 3-8x slower than float32 ones (a prompt's
+# prefill most of all), which would make every test that waits for tokens slow. vLLM's own
+# server in the parity test runs the same dtype, so the two still answer alike.
+TEST_DTYPE = "float32"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -125,6 +130,7 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
             "kv_cache_space_gib": 1,
             # Eager: the compiled default costs minutes per engine start on this CPU.
             "enforce_eager": True,
+            "dtype": TEST_DTYPE,
             "drain_timeout_s": 90,
             "health_interval_s": 1,
             # vLLM's own arguments: a tool parser, so forced and auto tool calls are served

@@ -14,7 +14,6 @@ from textual.binding import Binding
 
 from appliance.client import AdminError, DaemonDown, NotAvailable, Unauthorized
 from tui.daemon_api import AdminApi
-from tui.model import Link, Model
 from tui.screens.base import ApplianceScreen
 from tui.screens.benchmarks import BenchmarksScreen
 from tui.screens.confirm import ConfirmScreen
@@ -23,6 +22,7 @@ from tui.screens.dashboard import DashboardScreen
 from tui.screens.events import EventsScreen
 from tui.screens.help import HelpScreen
 from tui.screens.maintenance import MaintenanceScreen
+from tui.view_state import Link, Model
 
 DEFAULT_REFRESH_S = 2.0
 EVENT_HISTORY = 100

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.config.telemetry import SimConfig, SimFaultConfig
 from appliance.domain.gpu_sample import GpuSample, lost_sample
-from appliance.telemetry_config import SimConfig, SimFaultConfig
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 
 from appliance.api.errors import Handler
-from appliance.logs import request_id_var
+from appliance.json_log import request_id_var
 
 # When the request reached the daemon (set here, before parsing).
 ARRIVED_S = web.RequestKey("arrived_s", float)

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from appliance.adapters.vllm_frontend import dumps, parse_request, request_fields
-from appliance.api import chunked
+from appliance.api import long_context
 from appliance.api.errors import Handler, error_body
 from appliance.api.keys import SERVICES
 from appliance.api.long_context import check_cap, strategy_of, wants_chunking
@@ -45,7 +45,7 @@ from appliance.domain.request_scope import (
     StreamReply,
 )
 from appliance.errors import ApplianceError, BadRequest, BodyTooLarge, Unauthorized
-from appliance.logs import request_id_var
+from appliance.json_log import request_id_var
 from appliance.services.container import Services
 from appliance.services.long_context import ChunkedCall, LongRequest
 
@@ -324,8 +324,8 @@ async def _serve_chunked(
         source = svc.long_context.run(ChunkedCall(parsed, long, rid, outcome, arrived_s, limits))
         try:
             if parsed.stream:
-                return await chunked.stream_reply(request, svc, parsed, rid, outcome, source)
-            return await chunked.json_reply(svc, parsed, rid, outcome, source)
+                return await long_context.stream_reply(request, svc, parsed, rid, outcome, source)
+            return await long_context.json_reply(svc, parsed, rid, outcome, source)
         finally:
             outcome.prompt_tokens = outcome.extra_prompt_tokens
 

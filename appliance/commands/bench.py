@@ -34,7 +34,7 @@ from appliance.client import (
     daemon_address,
 )
 from appliance.config import find_config_path, load_config
-from appliance.domain.analysis import ScoreWeights, Slo
+from appliance.domain.sweep_analysis import ScoreWeights, Slo
 from appliance.errors import ConfigError
 
 BAD_INPUT_EXIT = 2

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from appliance.log_analysis import (
+from appliance.domain.incidents import (
     AnalysisConfig,
     Climb,
     LogRecord,

@@ -22,8 +22,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM; 2 for a bad config or model, 1 when the engine fails."""
-    from appliance.logs import setup_logging
-    from appliance.serve import BadModelConfig, run_daemon
+    from appliance.daemon.run import BadModelConfig, run_daemon
+    from appliance.json_log import setup_logging
 
     cfg = load_for(args)
     setup_logging(cfg.logging.level, cfg.logging.json_lines)

@@ -54,35 +54,14 @@ def compose(
     if faults is not None:
         faults.set_load_fn(lambda: wiring.engine_load(supervisor, admission))
     metrics = Metrics()
-    telemetry_loop = TelemetryLoop(
-        telemetry,
-        cfg.thermal.to_policy(),
-        cfg.telemetry.interval_s,
-        on_sample=wiring.lost_gpu_watch(events),
-        on_decision=wiring.thermal_to_admission(admission, events),
-        tokens_fn=lambda: metrics.generated_tokens,
-    )
+    telemetry_loop = _telemetry_loop(cfg, telemetry, events, admission, metrics)
     latency = LatencyWindow(window_s=max(60.0, cfg.controller.window_s))
     history = HistorySampler(
         store,
         MetricRows(admission, supervisor, telemetry_loop, metrics, latency).row,
         cfg.maintenance,
     )
-    forecast = (
-        wiring.forecaster(history, predictor_path(cfg), cfg.controller.forecast_horizon_s)
-        if cfg.controller.forecast == "auto"
-        else None
-    )
-    controller = ControlLoop(
-        cfg.controller.to_policy(cfg.slo, cfg.engine.max_num_seqs),
-        ControlMode(cfg.controller.mode),
-        admission,
-        latency,
-        kv_usage=lambda: wiring.kv_usage(supervisor),
-        events=events,
-        record=store.add_decision,
-        forecast=forecast,
-    )
+    controller = _controller(cfg, admission, supervisor, latency, history, events, store)
     thresholds = LiveThresholds(cfg, store, controller, telemetry_loop)
     rss_baseline = EngineRssBaseline(lambda: engine_rss(supervisor))
     # The restart job's growth baseline: the engine RSS after every start.
@@ -129,4 +108,50 @@ def compose(
         rss_baseline=rss_baseline,
         long_context=LongContextRunner(cfg.long_context, tokenizer, supervisor),
         prechecks=tuple(prechecks),
+    )
+
+
+def _telemetry_loop(
+    cfg: Config,
+    telemetry: Telemetry,
+    events: EventBus,
+    admission: AdmissionQueue,
+    metrics: Metrics,
+) -> TelemetryLoop:
+    """Samples every interval; a lost GPU and each thermal decision reach admission."""
+    return TelemetryLoop(
+        telemetry,
+        cfg.thermal.to_policy(),
+        cfg.telemetry.interval_s,
+        on_sample=wiring.lost_gpu_watch(events),
+        on_decision=wiring.thermal_to_admission(admission, events),
+        tokens_fn=lambda: metrics.generated_tokens,
+    )
+
+
+def _controller(
+    cfg: Config,
+    admission: AdmissionQueue,
+    supervisor: EngineSupervisor,
+    latency: LatencyWindow,
+    history: HistorySampler,
+    events: EventBus,
+    store: StateStore,
+) -> ControlLoop:
+    """The batch controller over the measured latency and the engine's KV usage, with the
+    load forecast from the stored history when `controller.forecast` is auto."""
+    forecast = (
+        wiring.forecaster(history, predictor_path(cfg), cfg.controller.forecast_horizon_s)
+        if cfg.controller.forecast == "auto"
+        else None
+    )
+    return ControlLoop(
+        cfg.controller.to_policy(cfg.slo, cfg.engine.max_num_seqs),
+        ControlMode(cfg.controller.mode),
+        admission,
+        latency,
+        kv_usage=lambda: wiring.kv_usage(supervisor),
+        events=events,
+        record=store.add_decision,
+        forecast=forecast,
     )

@@ -9,7 +9,7 @@ import time
 from appliance.domain.lanes import Lane
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.request_scope import Outcome
-from appliance.logs import request_id_var
+from appliance.json_log import request_id_var
 from appliance.services.metrics import Metrics
 
 log = logging.getLogger("appliance.requests")

@@ -1,5 +1,5 @@
 """The daemon's long-lived parts, built together once by the composition root
-(appliance/daemon.py) and never re-assigned: handlers and jobs read them from here."""
+(appliance/daemon/compose.py) and never re-assigned: handlers and jobs read them from here."""
 
 from __future__ import annotations
 

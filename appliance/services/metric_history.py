@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from appliance.config.maintenance import MaintenanceConfig
 from appliance.domain.history import rollup
-from appliance.maintenance_config import MaintenanceConfig
 from appliance.services.periodic import Periodic
 from appliance.services.store import StateStore
 

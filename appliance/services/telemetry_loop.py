@@ -18,11 +18,11 @@ from typing import Any
 from appliance.adapters.nvml import NvmlTelemetry
 from appliance.adapters.replay import ReplayTelemetry
 from appliance.adapters.simgpu import SimGpu
+from appliance.config.telemetry import TelemetryConfig
 from appliance.domain import thermal
 from appliance.domain.energy import EnergyPerToken
 from appliance.domain.gpu_sample import GpuSample, Telemetry
 from appliance.domain.thermal import ThermalDecision, ThermalPolicyConfig, ThermalState
-from appliance.telemetry_config import TelemetryConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config import Config
-from appliance.domain.recalibrate import Thresholds
+from appliance.domain.threshold_fit import Thresholds
 from appliance.services.control_loop import ControlLoop
 from appliance.services.store import StateStore
 from appliance.services.telemetry_loop import TelemetryLoop

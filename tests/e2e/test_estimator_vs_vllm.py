@@ -22,6 +22,7 @@ from appliance.domain.estimator import (
     vllm_kv_cache_size_tokens,
 )
 from appliance.model_info import load_model_spec
+from tests.conftest import TEST_DTYPE
 
 pytestmark = pytest.mark.engine
 
@@ -96,7 +97,8 @@ def test_smollm2_kv_capacity_matches_the_running_engine(daemon: Any) -> None:
     spec = load_model_spec(Path(daemon.model_dir))
     budget = round(float(engine["kv_cache_space_gib"]) * GIB)
     block = int(engine["block_size"])
-    predicted = kv_capacity_tokens(spec, budget, block)
+    # The test daemon runs in TEST_DTYPE, so its KV cache holds that dtype too.
+    predicted = kv_capacity_tokens(spec, budget, block, TEST_DTYPE)
     measured = int(engine["kv_cache_tokens"])
     print(f"SmolLM2: predicted {predicted} tokens, vLLM {measured} (block {block})")
     assert block == vllm_block_size(spec, "cpu")

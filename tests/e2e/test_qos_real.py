@@ -37,8 +37,11 @@ async def _wait_for(predicate, timeout_s: float = 60) -> None:
     raise AssertionError("condition not reached in time")
 
 
-async def _stream_ttft(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[float, str]:
-    """(seconds to the first content, the whole text) of a streamed chat request."""
+async def _stream_ttft(
+    session: aiohttp.ClientSession, url: str, body: dict, first: asyncio.Event | None = None
+) -> tuple[float, str]:
+    """(seconds to the first content, the whole text) of a streamed chat request; `first` is
+    set when the first content arrives (its prompt has been through the engine)."""
     t0 = time.monotonic()
     ttft = None
     parts = []
@@ -51,6 +54,8 @@ async def _stream_ttft(session: aiohttp.ClientSession, url: str, body: dict) -> 
             if delta.get("content"):
                 ttft = ttft if ttft is not None else time.monotonic() - t0
                 parts.append(delta["content"])
+                if first is not None:
+                    first.set()
     assert ttft is not None
     return ttft, "".join(parts)
 
@@ -58,8 +63,15 @@ async def _stream_ttft(session: aiohttp.ClientSession, url: str, body: dict) -> 
 async def test_realtime_keeps_its_ttft_through_a_batch_flood(daemon: Daemon):
     await _set_limit(daemon, 8)  # one slot of 8 is reserved for realtime (share 0.125)
     url = daemon.url + "/v1/chat/completions"
+    # ignore_eos + min_tokens: no batch request ends early and frees a slot, so the two that
+    # queue stay queued until a running one has written all 150 tokens.
     flood = _chat(
-        daemon, "Write a long story about a lighthouse.", max_tokens=150, priority="batch"
+        daemon,
+        "Write a long story about a lighthouse.",
+        max_tokens=150,
+        min_tokens=150,
+        ignore_eos=True,
+        priority="batch",
     )
     async with aiohttp.ClientSession() as s:
         # 7 batch requests take every unreserved slot, 2 more wait (the batch queue holds 2).
@@ -73,12 +85,13 @@ async def test_realtime_keeps_its_ttft_through_a_batch_flood(daemon: Daemon):
         rt = _chat(daemon, "Say hi.", max_tokens=8, priority="realtime", deadline_ms=60_000)
         ttft, text = await _stream_ttft(s, url, rt)
         during = daemon.status()["admission"]
-        slo = daemon.status()["controller"]["slo_ttft_p99_s"]
-        print(f"realtime TTFT during the flood: {ttft:.3f} s (SLO {slo} s)")
-        assert text and ttft < slo
-        # It got its answer while the flood still ran: it did not wait for batch to drain.
-        # (Queued batch requests may have been admitted meanwhile, as early ones hit EOS.)
-        assert during["running"]["batch"] >= 1
+        print(f"realtime TTFT during the flood: {ttft:.3f} s")
+        # The realtime request ran to its end through the reserved slot while the flood held
+        # every other one: no batch request finished and none of the queued two was admitted
+        # before it. That is the lane's promise on any machine; how many seconds it took is
+        # the engine's speed (docs/benchmarks.md has the realtime-lane figures).
+        assert text
+        assert during["running"]["batch"] == 7 and during["queued"]["batch"] == 2, during
         for t in batch:
             t.cancel()
         await asyncio.gather(*batch, return_exceptions=True)
@@ -139,14 +152,19 @@ async def test_json_schema_with_a_deadline_returns_the_json_so_far(daemon: Daemo
         max_tokens=1500,
         min_tokens=1500,
         ignore_eos=True,
-        deadline_ms=800,
         response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
     )
-    async with (
-        aiohttp.ClientSession() as s,
-        s.post(daemon.url + "/v1/chat/completions", json=body) as r,
-    ):
-        out = await r.json()
+    url = daemon.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as s:
+        # The deadline is set from this engine's own speed: four times what the first few
+        # tokens of the same request take (its grammar compiled and cached by then), at least
+        # 0.8 s, so the answer has started on a slow CPU and is far from whole on a GPU.
+        t0 = time.monotonic()
+        async with s.post(url, json={**body, "max_tokens": 4, "min_tokens": 4}) as r:
+            assert r.status == 200, await r.text()
+        deadline_ms = max(800, int(4000 * (time.monotonic() - t0)))
+        async with s.post(url, json={**body, "deadline_ms": deadline_ms}) as r:
+            out = await r.json()
     choice = out["choices"][0]
     assert r.status == 200 and choice["finish_reason"] == "deadline", out
     assert choice["message"]["content"].lstrip().startswith("{")  # JSON, cut where it was
@@ -162,13 +180,17 @@ async def test_queued_request_past_its_deadline_never_reaches_the_engine(daemon:
     admin = aiohttp.ClientSession(headers=daemon.admin_headers)
     try:
         async with aiohttp.ClientSession() as s:
+            prefilled = asyncio.Event()
             blocker = asyncio.create_task(
-                _stream_ttft(s, url, _chat(daemon, "Write a long poem.", max_tokens=200))
+                _stream_ttft(
+                    s, url, _chat(daemon, "Write a long poem.", max_tokens=200), prefilled
+                )
             )
             await _wait_for(lambda: daemon.status()["admission"]["in_flight"] == 1)
             async with admin.post(daemon.url + "/admin/engine/pause") as r:
                 assert r.status == 200, await r.text()
-            await asyncio.sleep(1.0)  # the blocker's prefill is in the engine's counters
+            # Its first token is out: the blocker's prefill is in the engine's counters.
+            await asyncio.wait_for(prefilled.wait(), timeout=120)
             before = daemon.status()
             body = _chat(daemon, "Hello?", max_tokens=8, deadline_ms=700)
             async with s.post(url, json=body) as r:
@@ -197,8 +219,10 @@ async def test_a_document_four_times_the_context_is_read_in_parts(daemon: Daemon
     sentence = "The harbour town kept its boats painted blue and its nets dry in the sun. "
     doc = "Summarise this document in one sentence.\n\n" + sentence * (4 * ctx // 15 + 10)
     body = _chat(daemon, doc, max_tokens=48, temperature=0, long_context="chunk")
+    # Every part is a prefill of about a thousand tokens: minutes on a slow CPU, so the
+    # client waits longer than aiohttp's default five.
     async with (
-        aiohttp.ClientSession() as s,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s,
         s.post(daemon.url + "/v1/chat/completions", json=body) as r,
     ):
         out = await r.json()

@@ -19,7 +19,7 @@ import requests
 
 from appliance.client import iter_sse
 from bench.servers import ServerProc, free_port, start_vllm_server
-from tests.conftest import PARITY_VLLM_ARGS, Daemon
+from tests.conftest import PARITY_VLLM_ARGS, TEST_DTYPE, Daemon
 
 pytestmark = pytest.mark.engine
 
@@ -72,6 +72,7 @@ def pair(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         max_model_len=2048,
         max_num_seqs=32,
         extra_args=PARITY_VLLM_ARGS,
+        dtype=TEST_DTYPE,
     )
     try:
         yield Pair(server.url, daemon.url, daemon.model_name)

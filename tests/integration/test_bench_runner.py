@@ -31,7 +31,7 @@ from appliance.client import AdminClient, DaemonAddress, read_token_file
 from appliance.commands import bench as bench_cmd
 from appliance.config import parse_config
 from appliance.daemon.app import build_app
-from appliance.domain.analysis import Slo
+from appliance.domain.sweep_analysis import Slo
 from bench import goodput
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from appliance.commands import estimate as estimate_cmd
 from appliance.config import Config, parse_config
 from appliance.daemon.app import build_app
+from appliance.daemon.run import preflight
 from appliance.domain.estimator import GIB
 from appliance.precheck import exit_code, plan_for_config
-from appliance.serve import preflight
 from tests.fakes import FakeEngine, WordTokenizer
 from tests.unit.test_precheck import write_model
 

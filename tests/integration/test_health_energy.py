@@ -106,7 +106,7 @@ async def test_each_request_logs_one_request_done_line(h: Harness, caplog):
     assert rec.ev_status == "ok" and rec.ev_priority == "batch"
     assert rec.ev_completion_tokens == 3 and rec.ev_prompt_tokens > 0
     assert 0 <= rec.ev_queue_wait_s <= rec.ev_ttft_s <= rec.ev_e2e_s
-    from appliance.logs import JsonFormatter
+    from appliance.json_log import JsonFormatter
 
     line = JsonFormatter().format(rec)
     assert '"request_id": "rid-123"' in line and '"event": "request_done"' in line

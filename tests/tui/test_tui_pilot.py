@@ -23,14 +23,14 @@ from appliance.api.keys import SERVICES
 from appliance.client import AdminClient, find_daemon, read_token_file
 from appliance.config import parse_config
 from appliance.daemon.app import build_app as build_daemon
-from appliance.domain.analysis import SweepPoint, find_knee, pareto_front, weighted_score
+from appliance.domain.sweep_analysis import SweepPoint, find_knee, pareto_front, weighted_score
 from appliance.services.container import Services
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer
 from tui.app import ApplianceTui, build_app
-from tui.model import Link
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
+from tui.view_state import Link
 
 MODEL = "fake-model"
 

@@ -362,12 +362,12 @@ def test_config_check_names_every_bad_vllm_key(
 def test_serve_with_a_bad_vllm_mapping_exits_2(
     vllm_args, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
-    monkeypatch.setattr("appliance.logs.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("appliance.json_log.setup_logging", lambda *a, **k: None)
 
     def no_daemon(cfg):  # the check must refuse before anything starts
         raise AssertionError("the daemon started")
 
-    monkeypatch.setattr("appliance.serve.run_daemon", no_daemon)
+    monkeypatch.setattr("appliance.daemon.run.run_daemon", no_daemon)
     path = tmp_path / "config.yaml"
     path.write_text(f"state_dir: {tmp_path}\nengine:\n  vllm:\n    block_sise: 16\n")
     assert main(["serve", "--config", str(path)]) == 2

@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from appliance.domain.recalibrate import Bounds, Thresholds
+from appliance.domain.threshold_fit import Bounds, Thresholds
 from appliance.services.events import Event, EventBus
 from appliance.services.process_memory import EngineRssBaseline
 from appliance.services.store import StateStore

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.maintenance_config import MaintenanceConfig, cron_trigger
+from appliance.config.maintenance import MaintenanceConfig, cron_trigger
 from appliance.services.events import EventBus
 from appliance.services.store import StateStore
 from maintenance.scheduler import JobSpec, MaintenanceScheduler, UnknownJob, last_due_between

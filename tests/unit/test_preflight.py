@@ -11,9 +11,9 @@ import pytest
 
 from appliance import cli
 from appliance.adapters.nvml import Inventory, read_inventory
+from appliance.daemon.run import BadModelConfig, preflight
 from appliance.domain.estimator import GIB
 from appliance.errors import EngineStartError
-from appliance.serve import BadModelConfig, preflight
 from tests.unit.test_precheck import CPU_VERSIONS, box, edit, make_config, probes, write_model
 
 NO_GPU = Inventory("no_library", "NVML library not found")
@@ -132,7 +132,7 @@ def test_bad_weights_header_names_the_weights_file(tmp_path: Path) -> None:
 
 
 def _serve(tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr("appliance.logs.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("appliance.json_log.setup_logging", lambda *a, **k: None)
     path = tmp_path / "config.yaml"
     path.write_text(f"state_dir: {tmp_path / 'state'}\nengine:\n  model: {model}\n")
     return cli.main(["serve", "--config", str(path)])

@@ -15,16 +15,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from appliance.config.maintenance import MaintenanceConfig
 from appliance.domain.history import is_peak_field, rollup
 from appliance.domain.latency_window import percentile
-from appliance.domain.recalibrate import (
+from appliance.domain.threshold_fit import (
     MIN_SAMPLES,
     Bounds,
     Thresholds,
     recalibrate,
     weighted_percentile,
 )
-from appliance.maintenance_config import MaintenanceConfig
 from appliance.services.metric_history import HOUR, MINUTE, RAW, HistorySampler
 from appliance.services.store import StateStore
 

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from appliance.adapters.simgpu import SimGpu
+from appliance.config.telemetry import SimConfig, SimFaultConfig
 from appliance.domain.thermal import ThermalLevel, ThermalPolicyConfig, initial_state, step
-from appliance.telemetry_config import SimConfig, SimFaultConfig
 
 
 class FakeClock:

@@ -12,10 +12,10 @@ import pytest
 from appliance.adapters.nvml import NvmlTelemetry
 from appliance.adapters.replay import ReplayTelemetry
 from appliance.adapters.simgpu import SimGpu
+from appliance.config.telemetry import ReplayConfig, SimConfig, TelemetryConfig
 from appliance.domain.gpu_sample import GpuSample, Telemetry
 from appliance.domain.thermal import ThermalDecision, ThermalLevel, ThermalPolicyConfig
 from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry, hottest
-from appliance.telemetry_config import ReplayConfig, SimConfig, TelemetryConfig
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "h100_heat_soak.csv"
 

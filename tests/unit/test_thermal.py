@@ -450,7 +450,7 @@ def test_no_oscillation_on_a_noisy_plateau(
 def test_thermal_config_mirrors_the_policy() -> None:
     from pydantic import ValidationError
 
-    from appliance.telemetry_config import ThermalConfig
+    from appliance.config.telemetry import ThermalConfig
 
     assert ThermalConfig().to_policy() == ThermalPolicyConfig()
     custom = ThermalConfig(derate_core_c=80, hysteresis_c=3, recover_step=0.2).to_policy()

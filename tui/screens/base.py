@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.model import Model
+from tui.view_state import Model
 from tui.widgets.banner import ConnectionBanner
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class ApplianceScreen(Screen[None]):
 
     def update_view(self) -> None:
         """Redraw everything from the app's model."""
-        model = self.tui.model
+        model = self.tui.view_state
         self.query_one(ConnectionBanner).show(model.connection, self.tui.client.url)
         self.query_one("#title", Static).update(self._title(model))
         self.show(model)

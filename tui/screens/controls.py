@@ -7,8 +7,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
 from tui import fmt
-from tui.model import Model
 from tui.screens.base import ApplianceScreen
+from tui.view_state import Model
 
 
 class ControlsScreen(ApplianceScreen):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 
-from tui.model import GpuHistory, Model
 from tui.screens.base import ApplianceScreen
+from tui.view_state import GpuHistory, Model
 from tui.widgets.controller_panel import ControllerPanel
 from tui.widgets.engine_panel import EnginePanel
 from tui.widgets.gpu_panel import GpuPanel

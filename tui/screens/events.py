@@ -10,8 +10,8 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input
 
 from tui import fmt
-from tui.model import Model
 from tui.screens.base import ApplianceScreen
+from tui.view_state import Model
 
 ROWS_SHOWN = 300
 
@@ -70,7 +70,7 @@ class EventsScreen(ApplianceScreen):
         self._filter = event.value.lower().split()
         self._shown = None  # redraw everything under the new filter
         self._seen_added = -1
-        self.show(self.tui.model)
+        self.show(self.tui.view_state)
 
     def show(self, model: Model) -> None:
         if model.events_added == self._seen_added:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from tui.model import Connection, Link
+from tui.view_state import Connection, Link
 
 
 class ConnectionBanner(Static):

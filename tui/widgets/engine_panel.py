@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, Static
 
 from tui import fmt
-from tui.model import Model
+from tui.view_state import Model
 from tui.widgets.labeled_sparkline import LabeledSparkline
 
 _STATE_STYLE = {"ready": "bold green", "paused": "bold yellow", "engine_dead": "bold red"}

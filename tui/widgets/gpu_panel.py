@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tui import fmt
-from tui.model import GpuHistory
+from tui.view_state import GpuHistory
 from tui.widgets.labeled_sparkline import LabeledSparkline
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from appliance.commands import logs as logs_command
-from appliance.log_analysis import (
+from appliance.domain.incidents import (
     AnalysisConfig,
     LogRecord,
     Report,

@@ -4,7 +4,7 @@ It answers the two questions on-call asks after an incident:
 - Did memory climb toward its limit before the engine died (an OOM precursor)?
 - What happened just before each latency spike (derate, restart, job, burst)?
 
-The lines are those of `appliance.logs.JsonFormatter` (ts, level, logger, msg, request_id,
+The lines are those of `appliance.json_log.JsonFormatter` (ts, level, logger, msg, request_id,
 event, reason, ev_* fields). Lines that are not JSON (vLLM's own logger, tracebacks) are kept
 as raw text with the time of the line before them, so an "out of memory" there still counts.
 

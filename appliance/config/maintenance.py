@@ -9,8 +9,8 @@ from __future__ import annotations
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import Field, field_validator
 
-from appliance.config_section import Section
-from appliance.domain.recalibrate import Bounds
+from appliance.config.section import Section
+from appliance.domain.threshold_fit import Bounds
 
 # The hardware maxima recalibration keeps to by default are the domain's (Bounds).
 _HARDWARE = Bounds()

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from appliance.config_section import Section, SectionProblems, policy_problems
+from appliance.config.section import Section, SectionProblems, policy_problems
 from appliance.domain.limits import InvariantError
 from appliance.domain.thermal import ThermalPolicyConfig
 

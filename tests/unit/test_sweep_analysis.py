@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.domain.analysis import (
+from appliance.domain.sweep_analysis import (
     ScoreWeights,
     Slo,
     SweepPoint,

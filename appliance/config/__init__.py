@@ -9,19 +9,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from appliance.config_section import (
+from appliance.config.maintenance import MaintenanceConfig
+from appliance.config.section import (
     CrossFieldError,
     Section,
     SectionProblems,
     key_path,
     policy_problems,
 )
-from appliance.domain.analysis import ScoreWeights
+from appliance.config.telemetry import TelemetryConfig, ThermalConfig
 from appliance.domain.controller import ControllerConfig
 from appliance.domain.limits import CONCURRENCY_LIMIT_MAX, CONCURRENCY_LIMIT_MIN, InvariantError
+from appliance.domain.sweep_analysis import ScoreWeights
 from appliance.errors import ConfigError
-from appliance.maintenance_config import MaintenanceConfig
-from appliance.telemetry_config import TelemetryConfig, ThermalConfig
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DIRNAME = "SmolLM2-135M-Instruct"
