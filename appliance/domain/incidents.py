@@ -411,9 +411,11 @@ def climb_ending_at(
     start = end
     while start > 0 and series[start - 1][1] <= series[start][1] + cfg.climb_tolerance:
         start -= 1
-    # The climb begins where the run last leaves its floor (a flat stretch is no climb).
-    floor = min(v for _, v in series[start : end + 1])
     peak = max(range(start, end + 1), key=lambda i: (series[i][1], -i))
+    # The climb begins where the run last leaves its floor (a flat stretch is no climb). The
+    # floor is the lowest point before the peak: a tail that eases down after it, in dips each
+    # within the tolerance, may end lower than anything before the peak, and is no part of it.
+    floor = min(v for _, v in series[start : peak + 1])
     start = max(i for i in range(start, peak + 1) if series[i][1] <= floor + cfg.climb_tolerance)
     if peak <= start:
         return None

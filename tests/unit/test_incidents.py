@@ -225,6 +225,11 @@ def _kv_log(values: list[float], death_at: float | None, step_s: float = 10) -> 
         ([0.2] * 10 + [0.4, 0.6, 0.75, 0.8], False),  # climbs, but not near the limit
         ([0.2, 0.5, 0.96, 0.5, 0.3, 0.3], False),  # the climb ended long before the failure
         ([0.85] * 10 + [0.9, 0.95], False),  # rise too small
+        # A tail that eases down after the peak, each dip inside the tolerance, ending below
+        # everything before the peak (seen on a real engine-death log): the climb is the
+        # rise before the peak, and it is judged as usual.
+        ([0.2, 0.5, 0.8, 0.96, 0.95, 0.94, 0.93], True),
+        ([0.55, 0.56, 0.545, 0.53, 0.515], False),
     ],
 )
 def test_precursor_rules(values: list[float], expected: bool) -> None:

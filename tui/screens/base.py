@@ -40,7 +40,7 @@ class ApplianceScreen(Screen[None]):
 
     def update_view(self) -> None:
         """Redraw everything from the app's model."""
-        model = self.tui.view_state
+        model = self.tui.model
         self.query_one(ConnectionBanner).show(model.connection, self.tui.client.url)
         self.query_one("#title", Static).update(self._title(model))
         self.show(model)

@@ -93,10 +93,10 @@ class BenchmarksScreen(ApplianceScreen):
         self.query_one("#curve", Static).border_title = "throughput / P99 vs concurrency"
         self._drawn: list[dict[str, Any]] | None = None
         self._note: str | None = None
-        self._job_events = self.tui.view_state.job_events
+        self._job_events = self.tui.model.job_events
 
     def on_screen_resume(self) -> None:
-        self._job_events = self.tui.view_state.job_events  # the load below covers them
+        self._job_events = self.tui.model.job_events  # the load below covers them
         super().on_screen_resume()
         self.tui.load_benchmarks()
 
@@ -132,6 +132,6 @@ class BenchmarksScreen(ApplianceScreen):
             self.query_one("#curve", Static).update("")
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        found = runs(self.tui.view_state.benchmarks)
+        found = runs(self.tui.model.benchmarks)
         if 0 <= event.cursor_row < len(found):
             self.query_one("#curve", Static).update(curve(_result(found[event.cursor_row])))

@@ -70,7 +70,7 @@ class EventsScreen(ApplianceScreen):
         self._filter = event.value.lower().split()
         self._shown = None  # redraw everything under the new filter
         self._seen_added = -1
-        self.show(self.tui.view_state)
+        self.show(self.tui.model)
 
     def show(self, model: Model) -> None:
         if model.events_added == self._seen_added:

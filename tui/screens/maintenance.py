@@ -79,10 +79,10 @@ class MaintenanceScreen(ApplianceScreen):
         self._drawn: list[dict[str, Any]] | None = None
         self._note: str | None = None
         self._history: str | None = None
-        self._job_events = self.tui.view_state.job_events
+        self._job_events = self.tui.model.job_events
 
     def on_screen_resume(self) -> None:
-        self._job_events = self.tui.view_state.job_events  # the load below covers them
+        self._job_events = self.tui.model.job_events  # the load below covers them
         super().on_screen_resume()
         self.tui.load_jobs()
 
@@ -119,7 +119,7 @@ class MaintenanceScreen(ApplianceScreen):
             self.query_one("#job-history", Static).update(text)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        jobs = job_list(self.tui.view_state.jobs)
+        jobs = job_list(self.tui.model.jobs)
         if 0 <= event.cursor_row < len(jobs):
             self._show_history(jobs[event.cursor_row])
 
