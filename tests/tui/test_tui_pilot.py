@@ -379,7 +379,8 @@ async def test_daemon_down_banner_then_reconnect(tmp_path: Path) -> None:
             await until(pilot, lambda: app.model.connection.link is Link.UP)
             await until(pilot, lambda: not banner.display)
             assert any("reconnected" in s for s in seen)
-            assert "READY" in text(app.screen.query_one("#engine-state"))
+            # The daemon's engine starts after it listens: STARTING, then READY.
+            await until(pilot, lambda: "READY" in text(app.screen.query_one("#engine-state")))
         finally:
             await live.server.close()
         await until(pilot, lambda: banner.display and "DAEMON DOWN" in text(banner))
