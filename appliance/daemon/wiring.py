@@ -66,18 +66,16 @@ def lost_gpu_watch(events: EventBus) -> Callable[[list[GpuSample]], None]:
 
 def kv_usage(supervisor: EngineSupervisor) -> float:
     """The engine's KV-cache usage, 0 while there is no engine to ask."""
-    try:
-        return supervisor.engine.stats().kv_cache_usage_ratio
-    except Exception:
-        return 0.0
+    stats = supervisor.stats()
+    return 0.0 if stats is None else stats.kv_cache_usage_ratio
 
 
 def engine_load(supervisor: EngineSupervisor, admission: AdmissionQueue) -> float:
     """0..1: sequences running now over the most allowed; drives the simulated GPU's power."""
-    try:
-        running = supervisor.engine.stats().running
-    except Exception:
+    stats = supervisor.stats()
+    if stats is None:
         return 0.0
+    running = stats.running
     return min(1.0, max(running, admission.in_flight) / max(1, admission.base_limit))
 
 
@@ -116,9 +114,8 @@ def admission_metrics(
             if delta > 0:
                 m.engine_restarts_total.labels(cause).inc(delta)
                 restarts_seen[cause] = count
-        try:
-            stats = supervisor.engine.stats()
-        except Exception:  # no engine right now: the engine gauges keep their last value
+        stats = supervisor.stats()
+        if stats is None:  # no engine right now: the engine gauges keep their last value
             return
         m.kv_cache_usage_ratio.set(stats.kv_cache_usage_ratio)
         m.engine_running.set(stats.running)

@@ -44,11 +44,6 @@ class Problem:
     field: str
     message: str
 
-    @property
-    def refs(self) -> tuple[str, ...]:
-        """The other fields the message names."""
-        return tuple(_REF.findall(self.message))
-
     def render(self, names: Mapping[str, str] | None = None) -> str:
         """The message with each `{field}` said as `names` says it (else as the field)."""
         names = names or {}

@@ -9,7 +9,6 @@ LoadForecast.reason says why.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import statistics
@@ -230,8 +229,3 @@ def load_forecast(
     model path is kept, so the model is loaded once and reloaded when the file changes)."""
     path = str(model_path) if model_path is not None else None
     return _predictor(path, horizon_s, step_s).forecast(rows)
-
-
-def report_dict(report: TrainReport) -> dict[str, Any]:
-    """A TrainReport as plain values (for an event or the state store)."""
-    return dataclasses.asdict(report)

@@ -58,9 +58,8 @@ class MetricRows:
         }
 
     def _engine_fields(self) -> dict[str, Any]:
-        try:
-            stats = self._supervisor.engine.stats()
-        except Exception:  # no engine right now (starting, restarting): no engine fields
+        stats = self._supervisor.stats()
+        if stats is None:  # no engine right now (starting, restarting): no engine fields
             return {}
         return {
             "kv_cache_usage_ratio": stats.kv_cache_usage_ratio,

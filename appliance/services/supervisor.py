@@ -9,7 +9,7 @@ import time
 from enum import StrEnum
 
 from appliance.config import EngineConfig
-from appliance.domain.engine_types import EngineInfo
+from appliance.domain.engine_types import EngineInfo, EngineStats
 from appliance.errors import EngineDead, EngineStartError, NotReady
 from appliance.ports import Engine, EngineFactory, OpenAIFrontend
 from appliance.services.admission import AdmissionQueue
@@ -67,6 +67,16 @@ class EngineSupervisor:
         if self._engine is None:
             raise EngineDead("no engine is running")
         return self._engine
+
+    def stats(self) -> EngineStats | None:
+        """The running engine's figures; None while there is no engine or it cannot answer
+        (starting, restarting, dead): readers then keep or leave out the engine's values."""
+        if self._engine is None:
+            return None
+        try:
+            return self._engine.stats()
+        except Exception:  # an engine going down mid-call is the same as none
+            return None
 
     def frontend(self) -> OpenAIFrontend:
         """The running engine's OpenAI serving layer; 503 while there is none."""

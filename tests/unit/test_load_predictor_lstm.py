@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from appliance.predict.runtime import (
 )
 from appliance.predict.signals import LoadSignals
 from appliance.predict.synth import SPECS, TraceSpec, synth_rows
+from tests.import_probe import loaded_after_import
 
 SMALL = LstmConfig(window_steps=48, hidden=16, max_epochs=30, patience=5, seed=0)
 PERIOD, BURST = 40, 8  # steps: a burst of 8 x 5 s every 200 s
@@ -233,17 +232,8 @@ def test_predictor_reloads_a_changed_model_and_survives_a_bad_one(tmp_path: Path
 
 def test_importing_the_forecaster_leaves_torch_unloaded() -> None:
     # The daemon imports the predictor at start; torch (seconds to import) waits for a model.
-    code = "import sys, appliance.predict.lstm, appliance.predict.runtime\n"
-    code += "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "[]"
+    forecaster = ("appliance.predict.lstm", "appliance.predict.runtime")
+    assert loaded_after_import(forecaster, ("torch", "transformers")) == []
 
 
 def test_torch_thread_count_is_put_back_after_fit_and_predict() -> None:

@@ -7,7 +7,6 @@ import json
 import math
 import socket
 import struct
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -34,6 +33,7 @@ from appliance.precheck import (
     render_table,
     run_prechecks,
 )
+from tests.import_probe import loaded_after_import
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "model_configs"
 H100_MEMORY = 81559 * MIB
@@ -543,18 +543,9 @@ def test_torch_cuda_facts_from_the_installed_torch() -> None:
 
 def test_importing_the_precheck_loads_no_gpu_or_model_library() -> None:
     # `appliance serve` imports these at start; NVML, torch and the tokenizer load on first use.
-    code = "import sys, appliance.precheck, appliance.model_prep, appliance.adapters.nvml\n"
-    code += "print(sorted(m for m in ('pynvml', 'torch', 'transformers', 'tokenizers')"
-    code += " if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "[]"
+    at_start = ("appliance.precheck", "appliance.model_prep", "appliance.adapters.nvml")
+    heavy = ("pynvml", "torch", "transformers", "tokenizers")
+    assert loaded_after_import(at_start, heavy) == []
 
 
 def test_torch_cuda_facts_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
