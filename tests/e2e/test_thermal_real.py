@@ -23,9 +23,13 @@ async def test_load_heats_past_85_derates_and_recovers(daemon: Daemon):
             daemon.url + "/admin/telemetry/faults", json={"name": "hot_room", "delta_c": 15}
         )
         assert r.status == 200
+    # ignore_eos + min_tokens: the load holds until the test cancels it. An essay that ends
+    # on its own (sooner on a faster engine) would let the room cool before it derates.
     body = {
         "model": daemon.model_name,
         "max_tokens": 1000,
+        "min_tokens": 1000,
+        "ignore_eos": True,
         "stream": True,
         "messages": [{"role": "user", "content": "Write a very long essay."}],
     }
