@@ -82,6 +82,9 @@ async def _start(tmp_path: Path, **admission: object) -> tuple[TestServer, App]:
                 "queue_capacity": {"realtime": 8, "interactive": 256, "batch": 8},
                 **admission,
             },
+            # Manual: the knee must be the configured limit, not where the controller
+            # happened to move it while the sweep ran.
+            "controller": {"mode": "manual"},
         }
     )
     engines: list[FakeEngine] = []
