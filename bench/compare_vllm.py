@@ -35,7 +35,6 @@ import json
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -45,14 +44,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import (  # noqa: E402
-    SHIPPED_CONFIG,
+    BENCHMARKS_MD,
     add_output_args,
-    git_rev,
-    machine,
+    doc_parser,
+    load_shipped,
+    meta_head,
+    publish,
+    resolve_outputs,
     shipped_appliance_config,
-    vllm_version,
+    work_dir,
     write_json,
-    write_section,
 )
 from bench.servers import (  # noqa: E402
     ServerProc,
@@ -62,8 +63,6 @@ from bench.servers import (  # noqa: E402
     vllm_defaults_command,
 )
 
-MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
-DOC = ROOT / "docs" / "benchmarks.md"
 JSON_OUT = ROOT / "docs" / "bench-compare-vllm.json"
 QUICK_JSON_OUT = ROOT / "state" / "bench-compare-vllm-quick.json"
 SECTION = "compare_vllm"
@@ -358,11 +357,7 @@ def render(summary: dict[str, Any], plan: dict[str, Any], meta: dict[str, Any]) 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
-    )
+    parser = doc_parser(__doc__)
     parser.add_argument(
         "--concurrency", default=None, help="comma-separated levels (default 1,4,16; quick 1,4)"
     )
@@ -373,7 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smoke run: 1 round, concurrency 1,4, fewer prompts and warmups; writes the JSON "
         f"to {QUICK_JSON_OUT.relative_to(ROOT)} and docs/ only if --out/--json say so",
     )
-    add_output_args(parser, DOC, JSON_OUT, "server logs")
+    add_output_args(parser, BENCHMARKS_MD, JSON_OUT, "server logs")
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -387,12 +382,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--concurrency levels must be at least 1")
     args.levels = levels
     args.rounds = args.rounds or (1 if args.quick else 3)
-    if args.quick:
-        args.out = Path(args.out) if args.out else None
-        args.json = Path(args.json) if args.json else QUICK_JSON_OUT
-    else:
-        args.out = Path(args.out) if args.out else DOC
-        args.json = Path(args.json) if args.json else JSON_OUT
+    resolve_outputs(args, BENCHMARKS_MD, JSON_OUT, QUICK_JSON_OUT)
     return args
 
 
@@ -411,13 +401,7 @@ def run_meta(
         + ["--concurrency", ",".join(map(str, args.levels)), "--rounds", str(args.rounds)]
     )
     return {
-        "date": time.strftime("%Y-%m-%d"),
-        "command": command,
-        "git": git_rev(),
-        "machine": machine(),
-        "vllm": vllm_version(),
-        "model": model_name,
-        "model_dir": str(model_dir),
+        **meta_head(command, model_name, model_dir),
         "rounds": args.rounds,
         "levels": args.levels,
         "quick": args.quick,
@@ -450,16 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"levels": args.levels, "rounds": args.rounds, "quick": args.quick}
     plan["warmups"] = 1 if args.quick else 2
 
-    from appliance.config import parse_config, served_model_name
-    from appliance.model_prep import prepare_default_model
-
-    model_dir = prepare_default_model(MODEL_DIR)
     # What the shipped config resolves to (KV budget, served name, engine settings).
-    shipped = parse_config(
-        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
-    )
+    model_dir, shipped, model_name = load_shipped()
     kv_gib = float(shipped.engine.kv_cache_space_gib)
-    model_name = served_model_name(shipped)
     meta = run_meta(args, plan, shipped, model_dir, model_name)
     results: dict[str, list[dict[str, Any]]] = {"appliance": [], "vllm": []}
 
@@ -471,9 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return summary
 
-    with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
-        work = Path(args.work_dir) if args.work_dir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "bench-compare-") as work:
         for r in range(args.rounds):
             # Alternate who goes first, so warm caches or a drifting machine favour neither.
             order = SIDES if r % 2 == 0 else SIDES[::-1]
@@ -484,12 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[side].append(run)
                 save(complete=False)
     summary = save(complete=True)
-    section = render(summary, plan, meta)
-    print(section)
-    if args.out:
-        write_section(args.out, SECTION, section)
-        print(f"wrote section {SECTION!r} of {args.out}")
-    print(f"wrote {args.json}")
+    publish(render(summary, plan, meta), args.out, args.json, SECTION)
     broken = any(
         "error" in run
         or any("error" in cell for cells in run["cells"].values() for cell in cells.values())

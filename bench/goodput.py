@@ -65,7 +65,7 @@ from appliance.client import (  # noqa: E402
 )
 from appliance.domain.latency_window import percentile  # noqa: E402
 from appliance.domain.sweep_analysis import Slo, SweepPoint  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import MODEL_DIR, write_section  # noqa: E402
 
 ARMS = ("controller", "unbounded", "static")
 ARRIVALS = ("poisson", "bursty")
@@ -459,7 +459,7 @@ async def run_with_start(
     from appliance.model_prep import prepare_default_model
     from bench.servers import free_port, start_appliance
 
-    model_dir = prepare_default_model(ROOT / "state" / "models" / "SmolLM2-135M-Instruct")
+    model_dir = prepare_default_model(MODEL_DIR)
     notes: list[str] = []
     results: list[RunResult] = []
     static: SweepPoint | None = None

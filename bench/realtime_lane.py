@@ -30,7 +30,7 @@ import aiohttp  # noqa: E402
 
 from appliance.client import aiter_sse  # noqa: E402
 from appliance.domain.latency_window import percentile  # noqa: E402
-from bench.report import BENCHMARKS_MD, write_section  # noqa: E402
+from bench.report import BENCHMARKS_MD, MODEL_DIR, write_section  # noqa: E402
 from bench.servers import free_port, start_appliance  # noqa: E402
 
 
@@ -122,7 +122,7 @@ def run_rounds(args: argparse.Namespace, arms: dict[str, float]) -> dict[str, li
     """Every round, both arms (the first alternating), a fresh daemon for each."""
     from appliance.model_prep import prepare_default_model
 
-    model_dir = prepare_default_model(ROOT / "state" / "models" / "SmolLM2-135M-Instruct")
+    model_dir = prepare_default_model(MODEL_DIR)
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="rt-bench-") as tmp:
         for r in range(args.rounds):

@@ -6,11 +6,17 @@ import argparse
 import json
 import os
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+# The converted default model every bench runs on (appliance.model_prep fetches it once).
+MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
 SHIPPED_CONFIG = ROOT / "config.yaml"
 
 
@@ -108,3 +114,71 @@ def add_output_args(
         default=None,
         help=f"keep state dirs and {kept} here (default: a temporary folder, removed)",
     )
+
+
+def doc_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose --help is the bench's docstring: first line, then the rest as is."""
+    lines = doc.splitlines()
+    return argparse.ArgumentParser(
+        description=lines[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(lines[2:]),
+    )
+
+
+def resolve_outputs(
+    args: argparse.Namespace, doc: Path, json_out: Path, quick_json_out: Path
+) -> None:
+    """Set args.out and args.json from add_output_args' flags: a --quick run writes its JSON
+    under state/ and touches docs/ only when told, so a smoke run never rewrites the report."""
+    if args.quick:
+        args.out = Path(args.out) if args.out else None
+        args.json = Path(args.json) if args.json else quick_json_out
+    else:
+        args.out = Path(args.out) if args.out else doc
+        args.json = Path(args.json) if args.json else json_out
+
+
+@contextmanager
+def work_dir(arg: str | None, prefix: str) -> Iterator[Path]:
+    """--work-dir when given (kept), else a temporary folder removed on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(arg) if arg else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        yield work
+
+
+def load_shipped(model_dir: Path = MODEL_DIR) -> tuple[Path, Any, str]:
+    """(prepared model dir, the shipped config as it resolves on it, its served model name)."""
+    # Imported here: the appliance's config and model prep are slow to import, and --help
+    # should not wait for them.
+    from appliance.config import parse_config, served_model_name
+    from appliance.model_prep import prepare_default_model
+
+    prepared = prepare_default_model(model_dir)
+    shipped = parse_config(
+        shipped_appliance_config(ROOT / "state", 8000, prepared), str(SHIPPED_CONFIG)
+    )
+    return prepared, shipped, served_model_name(shipped)
+
+
+def meta_head(command: str, model_name: str, model_dir: Path) -> dict[str, Any]:
+    """What every report's meta starts with: when, how, where and on what it ran."""
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "git": git_rev(),
+        "machine": machine(),
+        "vllm": vllm_version(),
+        "model": model_name,
+        "model_dir": str(model_dir),
+    }
+
+
+def publish(section: str, out: Path | None, json_path: Path, name: str) -> None:
+    """Print the section, write it into out (if any) and say where the JSON went."""
+    print(section)
+    if out:
+        write_section(out, name, section)
+        print(f"wrote section {name!r} of {out}")
+    print(f"wrote {json_path}")

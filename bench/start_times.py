@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -53,19 +52,19 @@ sys.path.insert(0, str(ROOT))
 
 from appliance.client import AdminError, SyncAdminClient  # noqa: E402
 from bench.report import (  # noqa: E402
-    SHIPPED_CONFIG,
+    BENCHMARKS_MD,
     add_output_args,
-    git_rev,
-    machine,
+    doc_parser,
+    load_shipped,
+    meta_head,
+    publish,
+    resolve_outputs,
     shipped_appliance_config,
-    vllm_version,
+    work_dir,
     write_json,
-    write_section,
 )
 from bench.servers import ServerProc, free_port, start_appliance  # noqa: E402
 
-MODEL_DIR = ROOT / "state" / "models" / "SmolLM2-135M-Instruct"
-DOC = ROOT / "docs" / "benchmarks.md"
 JSON_OUT = ROOT / "docs" / "bench-start-times.json"
 QUICK_JSON_OUT = ROOT / "state" / "bench-start-times-quick.json"
 SECTION = "start_times"
@@ -612,46 +611,31 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
     comp = results.get("compiled")
     eager = results.get("eager")
     cols = ["phase", "compiled (shipped)"] + (["eager"] if eager is not None else [])
-    rows: list[tuple[str, Any, Any]] = [
-        (
-            "cold start: launch to `/health/ready` 200, s",
-            phase_value(comp, "cold_start", "start_s"),
-            phase_value(eager, "cold_start", "start_s"),
-        ),
-        (
-            "(of it) engine start inside the daemon, s",
-            phase_value(comp, "cold_start", "engine_start_s"),
-            phase_value(eager, "cold_start", "engine_start_s"),
-        ),
+
+    def row(label: str, get: Callable[[Any], Any]) -> tuple[str, Any, Any]:
+        """One table row: label, the compiled variant's value, the eager one's."""
+        return label, get(comp), get(eager)
+
+    def phase_row(label: str, phase: str, key: str) -> tuple[str, Any, Any]:
+        return row(label, lambda run: phase_value(run, phase, key))
+
+    rows = [
+        phase_row("cold start: launch to `/health/ready` 200, s", "cold_start", "start_s"),
+        phase_row("(of it) engine start inside the daemon, s", "cold_start", "engine_start_s"),
     ]
     if not meta["quick"]:
         rows += [
-            (
-                "warm-cache start: launch to ready, s",
-                phase_value(comp, "warm_start", "start_s"),
-                phase_value(eager, "warm_start", "start_s"),
-            ),
-            (
-                "(of it) engine start inside the daemon, s",
-                phase_value(comp, "warm_start", "engine_start_s"),
-                phase_value(eager, "warm_start", "engine_start_s"),
-            ),
+            phase_row("warm-cache start: launch to ready, s", "warm_start", "start_s"),
+            phase_row("(of it) engine start inside the daemon, s", "warm_start", "engine_start_s"),
         ]
     rows += [
-        (
-            "graceful restart under load: POST to ready, s",
-            phase_value(comp, "restart_under_load", "restart_s"),
-            phase_value(eager, "restart_under_load", "restart_s"),
+        phase_row(
+            "graceful restart under load: POST to ready, s", "restart_under_load", "restart_s"
         ),
-        (
-            "requests overlapping the restart: failed of total",
-            failed_text(comp),
-            failed_text(eager),
-        ),
-        (
+        row("requests overlapping the restart: failed of total", failed_text),
+        row(
             "longest request latency during the restart, s",
-            load_value(comp, "max_latency_s"),
-            load_value(eager, "max_latency_s"),
+            lambda run: load_value(run, "max_latency_s"),
         ),
     ]
     eager_note = " (engine.enforce_eager true for the eager column)" if eager is not None else ""
@@ -690,11 +674,7 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
-    )
+    parser = doc_parser(__doc__)
     parser.add_argument(
         "--keep-cache",
         action="store_true",
@@ -725,7 +705,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=START_TIMEOUT_S,
         help=f"seconds a daemon start may take (default {START_TIMEOUT_S:g})",
     )
-    add_output_args(parser, DOC, JSON_OUT, "daemon logs")
+    add_output_args(parser, BENCHMARKS_MD, JSON_OUT, "daemon logs")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 64:
         parser.error("--clients must be between 1 and 64")
@@ -736,26 +716,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{key.replace('_', '-')} must be between 0 and 600")
     if not 10 <= args.start_timeout <= 3600:
         parser.error("--start-timeout must be between 10 and 3600")
-    if args.quick:
-        args.out = Path(args.out) if args.out else None
-        args.json = Path(args.json) if args.json else QUICK_JSON_OUT
-    else:
-        args.out = Path(args.out) if args.out else DOC
-        args.json = Path(args.json) if args.json else JSON_OUT
+    resolve_outputs(args, BENCHMARKS_MD, JSON_OUT, QUICK_JSON_OUT)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from appliance.config import parse_config, served_model_name
-    from appliance.model_prep import prepare_default_model
-
-    model_dir = prepare_default_model(MODEL_DIR)
-    shipped = parse_config(
-        shipped_appliance_config(ROOT / "state", 8000, model_dir), str(SHIPPED_CONFIG)
-    )
-    model_name = served_model_name(shipped)
+    model_dir, shipped, model_name = load_shipped()
     command = "python bench/start_times.py" + "".join(
         f" --{flag}"
         for flag, on in (
@@ -766,13 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         if on
     )
     meta: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "command": command,
-        "git": git_rev(),
-        "machine": machine(),
-        "vllm": vllm_version(),
-        "model": model_name,
-        "model_dir": str(model_dir),
+        **meta_head(command, model_name, model_dir),
         "shipped_enforce_eager": shipped.engine.enforce_eager,
         "shipped_drain_timeout_s": shipped.engine.drain_timeout_s,
         "shipped_max_queue_wait_s": shipped.admission.max_queue_wait_s,
@@ -795,19 +757,12 @@ def main(argv: list[str] | None = None) -> int:
     variants: list[tuple[str, bool | None]] = [("compiled", None)]
     if args.compare_eager:
         variants.append(("eager", True))
-    with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
-        work = Path(args.work_dir) if args.work_dir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "bench-start-") as work:
         for name, eager in variants:
             print(f"{name} (enforce_eager {eager if eager is not None else 'as shipped'})")
             run_variant(name, eager, args, work, model_dir, model_name, results, save)
     save(complete=True)
-    section = render(results, meta)
-    print(section)
-    if args.out:
-        write_section(args.out, SECTION, section)
-        print(f"wrote section {SECTION!r} of {args.out}")
-    print(f"wrote {args.json}")
+    publish(render(results, meta), args.out, args.json, SECTION)
     broken = False
     for run in results.values():
         phases = run.get("phases", {})
