@@ -31,7 +31,7 @@ import aiohttp  # noqa: E402
 from appliance.client import aiter_sse  # noqa: E402
 from appliance.domain.latency_window import percentile  # noqa: E402
 from bench.report import BENCHMARKS_MD, MODEL_DIR, write_section  # noqa: E402
-from bench.servers import free_port, start_appliance  # noqa: E402
+from bench.servers import free_port, small_engine, start_appliance  # noqa: E402
 
 
 async def _ttft(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> float:
@@ -99,14 +99,8 @@ def _daemon_config(model_dir: Path, limit: int, share: float) -> dict[str, Any]:
     """One arm's daemon: identical for both but for the reserved share."""
     return {
         "server": {"port": free_port()},
-        "engine": {
-            "model": str(model_dir),
-            "max_model_len": 2048,
-            "max_num_seqs": 32,
-            "kv_cache_space_gib": 1,
-            # Both arms alike; compiled would add minutes to each start.
-            "enforce_eager": True,
-        },
+        # Both arms alike; compiled would add minutes to each start.
+        "engine": small_engine(model_dir),
         "admission": {
             "concurrency_limit": limit,
             "realtime_reserved_share": share,

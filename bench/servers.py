@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from appliance.client import DaemonAddress, read_token_file
 
@@ -22,6 +23,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def small_engine(model_dir: Path) -> dict[str, Any]:
+    """engine: keys for a small daemon on model_dir, as the test daemon and the benches that
+    start a daemon per arm run it. Eager: the compiled default costs minutes per engine start
+    on a CPU."""
+    return {
+        "model": str(model_dir),
+        "max_model_len": 2048,
+        "max_num_seqs": 32,
+        "kv_cache_space_gib": 1,
+        "enforce_eager": True,
+    }
 
 
 @dataclass

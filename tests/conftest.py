@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings
 
 from appliance.client import SyncAdminClient, Token
-from bench.servers import free_port, start_appliance
+from bench.servers import free_port, small_engine, start_appliance
 
 # Property tests draw the same examples on every run (HYPOTHESIS_PROFILE=explore for fresh
 # ones): in CI a failure is then a regression to look at, not a roll of the dice. No
@@ -124,12 +124,8 @@ def start_daemon(state_dir: Path, **overrides: object) -> Daemon:
     cfg: dict = {
         "server": {"host": "127.0.0.1", "port": port},
         "engine": {
-            "model": str(model_dir),
-            "max_model_len": 2048,
-            "max_num_seqs": 32,
-            "kv_cache_space_gib": 1,
-            # Eager: the compiled default costs minutes per engine start on this CPU.
-            "enforce_eager": True,
+            # Eager (small_engine): the compiled default costs minutes per start on this CPU.
+            **small_engine(model_dir),
             "dtype": TEST_DTYPE,
             "drain_timeout_s": 90,
             "health_interval_s": 1,
