@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from appliance.config import AdmissionConfig
+from appliance.domain.fair_queue import FairQueue
 from appliance.domain.lanes import Lane
 from appliance.errors import ApplianceError, NotReady, Overloaded
 
@@ -25,9 +25,33 @@ class DeadlineExceeded(ApplianceError):
     retryable = False
 
 
+# Who a request is for when no API keys are configured: everyone shares one FIFO per lane.
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """Whose request asks for a slot: the key's name, its fairness weight inside a lane and
+    its share of the concurrency limit (None: it may use every slot)."""
+
+    key: str = ANONYMOUS
+    weight: int = 1
+    concurrency_share: float | None = None
+
+    def cap(self, limit: int) -> int | None:
+        """Slots this key may hold under limit; at least 1, so it is never locked out."""
+        if self.concurrency_share is None:
+            return None
+        return max(1, math.ceil(self.concurrency_share * limit - 1e-9))
+
+
+EVERYONE = Claimant()
+
+
 @dataclass(eq=False)
 class _Waiter:
     lane: Lane
+    claimant: Claimant
     future: asyncio.Future[None]
     enqueued_s: float
     held_at_enqueue_s: float  # the queue's held-time counter when this request joined
@@ -47,10 +71,13 @@ class AdmissionSnapshot:
     queued: dict[str, int]
     dispatching: bool
     admitted_total: int
+    running_by_key: dict[str, int]
+    queued_by_key: dict[str, int]
 
 
 class AdmissionQueue:
-    """Grants engine slots: realtime before interactive before batch, FIFO within a lane.
+    """Grants engine slots: realtime before interactive before batch; inside a lane, fair
+    turns between keys (FIFO for one key), each key within its share of the limit.
 
     The effective limit is the base limit (config, later the controller) times the thermal
     derate factor. A share of it is reserved for realtime so a batch flood cannot take every
@@ -76,8 +103,9 @@ class AdmissionQueue:
         self._derate = 1.0
         self._protect = False
         self._running = dict.fromkeys(Lane, 0)
+        self._running_by_key: dict[str, int] = {}
         self._admitted_total = 0
-        self._lanes: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in Lane}
+        self._lanes: dict[Lane, FairQueue[_Waiter]] = {lane: FairQueue() for lane in Lane}
         self._capacity = {
             Lane.REALTIME: cfg.queue_capacity.realtime,
             Lane.INTERACTIVE: cfg.queue_capacity.interactive,
@@ -134,7 +162,16 @@ class AdmissionQueue:
             queued={lane.label: len(q) for lane, q in self._lanes.items()},
             dispatching=self._dispatching,
             admitted_total=self._admitted_total,
+            running_by_key=dict(self._running_by_key),
+            queued_by_key=self._queued_by_key(),
         )
+
+    def _queued_by_key(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for queue in self._lanes.values():
+            for key, n in queue.by_key().items():
+                out[key] = out.get(key, 0) + n
+        return out
 
     def set_limit(self, limit: int) -> None:
         """Change the base limit: how many requests may run at once before derating (>= 1)."""
@@ -185,18 +222,20 @@ class AdmissionQueue:
         return self._cfg.max_queue_wait_s - waited
 
     @asynccontextmanager
-    async def slot(self, lane: Lane, deadline_s: float | None = None) -> AsyncIterator[None]:
+    async def slot(
+        self, lane: Lane, deadline_s: float | None = None, claimant: Claimant = EVERYONE
+    ) -> AsyncIterator[None]:
         """Hold one engine slot for the body; waits in the lane's queue if needed."""
-        await self._acquire(lane, deadline_s)
+        await self._acquire(lane, deadline_s, claimant)
         try:
             yield
         finally:
-            self._release(lane)
+            self._release(lane, claimant)
 
-    async def _acquire(self, lane: Lane, deadline_s: float | None) -> None:
+    async def _acquire(self, lane: Lane, deadline_s: float | None, claimant: Claimant) -> None:
         self.check_lane(lane)
-        if self._can_run_now(lane):
-            self._grant(lane)
+        if self._can_run_now(lane, claimant):
+            self._grant(lane, claimant)
             return
         if len(self._lanes[lane]) >= self._capacity[lane]:
             raise Overloaded(
@@ -204,9 +243,11 @@ class AdmissionQueue:
                 retry_after_s=self._cfg.retry_after_s,
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(lane, loop.create_future(), self._clock(), self.held_s())
-        self._lanes[lane].append(waiter)
+        waiter = _Waiter(lane, claimant, loop.create_future(), self._clock(), self.held_s())
+        self._lanes[lane].push(claimant.key, waiter, claimant.weight)
         self._changed.set()
+        # A waiter ahead may be held back only by its own key's share: this one may run now.
+        self._dispatch()
         by_deadline = False
         try:
             while True:
@@ -240,11 +281,11 @@ class AdmissionQueue:
 
     def _abandon(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
-            self._release(waiter.lane)  # granted in the same tick it gave up: hand it on
+            # granted in the same tick it gave up: hand it on
+            self._release(waiter.lane, waiter.claimant)
             return
         waiter.future.cancel()
-        with contextlib.suppress(ValueError):  # already popped by _next_waiter
-            self._lanes[waiter.lane].remove(waiter)
+        self._lanes[waiter.lane].remove(waiter.claimant.key, waiter)  # False: already popped
         self._changed.set()
 
     def _has_room(self, lane: Lane) -> bool:
@@ -258,19 +299,29 @@ class AdmissionQueue:
         non_realtime = self.in_flight - self._running[Lane.REALTIME]
         return non_realtime < limit - self.reserved_realtime
 
-    def _can_run_now(self, lane: Lane) -> bool:
-        if not self._dispatching or not self._has_room(lane):
+    def _under_cap(self, claimant: Claimant) -> bool:
+        cap = claimant.cap(self.limit)
+        return cap is None or self._running_by_key.get(claimant.key, 0) < cap
+
+    def _can_run_now(self, lane: Lane, claimant: Claimant) -> bool:
+        if not self._dispatching or not self._has_room(lane) or not self._under_cap(claimant):
             return False
         # Nobody of the same or a higher lane may be overtaken.
         return all(not self._lanes[other] for other in Lane if other <= lane)
 
-    def _grant(self, lane: Lane) -> None:
+    def _grant(self, lane: Lane, claimant: Claimant) -> None:
         self._running[lane] += 1
+        self._running_by_key[claimant.key] = self._running_by_key.get(claimant.key, 0) + 1
         self._admitted_total += 1
         self._changed.set()
 
-    def _release(self, lane: Lane) -> None:
+    def _release(self, lane: Lane, claimant: Claimant) -> None:
         self._running[lane] -= 1
+        left = self._running_by_key.get(claimant.key, 0) - 1
+        if left > 0:
+            self._running_by_key[claimant.key] = left
+        else:
+            self._running_by_key.pop(claimant.key, None)
         self._changed.set()
         self._dispatch()
 
@@ -280,11 +331,14 @@ class AdmissionQueue:
         for lane in Lane:
             queue = self._lanes[lane]
             while queue and self._has_room(lane):
-                waiter = queue.popleft()
+                # A key at its share waits; the other keys' requests go past it.
+                waiter = queue.pop(lambda head: self._under_cap(head.claimant))
+                if waiter is None:
+                    break
                 if waiter.future.done():
                     continue
                 waiter.future.set_result(None)
-                self._grant(lane)
+                self._grant(lane, waiter.claimant)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until predicate() holds (re-checked on every change); False on timeout."""
