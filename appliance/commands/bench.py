@@ -33,6 +33,7 @@ from appliance.client import (
     add_daemon_arguments,
     daemon_address,
 )
+from appliance.commands._subparsers import add_command
 from appliance.config import find_config_path, load_config
 from appliance.domain.sweep_analysis import ScoreWeights, Slo
 from appliance.errors import ConfigError
@@ -64,13 +65,14 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 def register(sub: Any) -> None:
     """Add `bench [--url URL] [--scenario ...] [--concurrency 1,2,4] [...]` to the CLI."""
-    p = sub.add_parser(
+    add_command(
+        sub,
         "bench",
+        run,
+        add_arguments,
         help="concurrency sweep: throughput, TTFT/TPOT/E2E percentiles, knee, Pareto front",
         description="Benchmark a running daemon or any OpenAI-compatible endpoint.",
     )
-    add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,16 +6,17 @@ import argparse
 from typing import Any
 
 from appliance.commands._config import load_checked
+from appliance.commands._subparsers import add_command, add_group
 from appliance.config import resolve_model_dir
 
 
 def register(sub: Any) -> None:
     """Add `config check PATH`."""
-    cfg_p = sub.add_parser("config", help="config file tools")
-    cfg_sub = cfg_p.add_subparsers(dest="config_command", required=True)
-    p = cfg_sub.add_parser("check", help="validate a config file; exit 2 naming every bad key")
+    cfg_sub = add_group(sub, "config", "config file tools")
+    p = add_command(
+        cfg_sub, "check", run, help="validate a config file; exit 2 naming every bad key"
+    )
     p.add_argument("path")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,21 +8,19 @@ from typing import Any
 
 from appliance.client import SyncAdminClient, add_daemon_arguments
 from appliance.commands._admin import run_against_daemon
+from appliance.commands._subparsers import add_command, add_group
 
 
 def register(sub: Any) -> None:
     """Add `jobs list [--json]` and `jobs run NAME [--force]`."""
-    jobs_p = sub.add_parser("jobs", help="maintenance jobs (through the running daemon)")
-    jobs_sub = jobs_p.add_subparsers(dest="jobs_command", required=True)
-    p = jobs_sub.add_parser("list", help="jobs, next run, last outcome")
+    jobs_sub = add_group(sub, "jobs", "maintenance jobs (through the running daemon)")
+    p = add_command(
+        jobs_sub, "list", run_list, add_daemon_arguments, help="jobs, next run, last outcome"
+    )
     p.add_argument("--json", action="store_true")
-    add_daemon_arguments(p)
-    p.set_defaults(func=run_list)
-    p = jobs_sub.add_parser("run", help="run a job now")
+    p = add_command(jobs_sub, "run", run_job, add_daemon_arguments, help="run a job now")
     p.add_argument("name", help="restart | benchmark | recalibrate | predictor")
     p.add_argument("--force", action="store_true", help="skip the load guard")
-    add_daemon_arguments(p)
-    p.set_defaults(func=run_job)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from appliance.commands._subparsers import add_command, add_group
 from appliance.domain.incidents import (
     AnalysisConfig,
     Climb,
@@ -26,10 +27,10 @@ READ_ERROR_EXIT = 1
 
 def register(sub: Any) -> None:
     """Add `logs analyze [FILE | --journal [--unit U] [--since T] [--journal-dir D]] [--json]`."""
-    logs = sub.add_parser("logs", help="log tools")
-    logs_sub = logs.add_subparsers(dest="logs_command", required=True)
-    p = logs_sub.add_parser(
+    p = add_command(
+        add_group(sub, "logs", "log tools"),
         "analyze",
+        run,
         help="find OOM precursors and tie latency spikes to events",
         description="Analyse the daemon's JSON log lines: memory climbing toward its limit "
         "before a failure, and what happened just before each latency spike.",
@@ -42,7 +43,6 @@ def register(sub: Any) -> None:
         "--journal-dir", help="a journal directory copied from another machine (journalctl -D)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=run)
 
 
 def journal_command(unit: str, since: str | None, directory: str | None = None) -> list[str]:

@@ -6,17 +6,16 @@ import argparse
 from typing import Any
 
 from appliance.commands._config import load_for
+from appliance.commands._subparsers import add_command, add_group
 from appliance.config import resolve_model_dir
 
 
 def register(sub: Any) -> None:
     """Add `model prepare [--config PATH] [--force]`."""
-    model_p = sub.add_parser("model", help="model tools")
-    model_sub = model_p.add_subparsers(dest="model_command", required=True)
-    p = model_sub.add_parser("prepare", help="convert the default model once (idempotent)")
+    model_sub = add_group(sub, "model", "model tools")
+    p = add_command(model_sub, "prepare", run, help="convert the default model once (idempotent)")
     p.add_argument("--config")
     p.add_argument("--force", action="store_true")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,14 +8,15 @@ from typing import Any
 
 from appliance.client import SyncAdminClient, add_daemon_arguments
 from appliance.commands._admin import run_against_daemon
+from appliance.commands._subparsers import add_command
 
 
 def register(sub: Any) -> None:
     """Add `status [--json] [--config PATH] [--url URL] [--token-file PATH]`."""
-    p = sub.add_parser("status", help="one-shot snapshot from the running daemon")
-    add_daemon_arguments(p)
+    p = add_command(
+        sub, "status", run, add_daemon_arguments, help="one-shot snapshot from the running daemon"
+    )
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,19 +8,23 @@ from typing import Any
 
 from appliance.client import SyncAdminClient, add_daemon_arguments
 from appliance.commands._admin import run_against_daemon
+from appliance.commands._subparsers import add_command, add_group
 
 
 def register(sub: Any) -> None:
     """Add `thresholds list [--json]` and `thresholds rollback`."""
-    th_p = sub.add_parser("thresholds", help="recalibrated alert and derating thresholds")
-    th_sub = th_p.add_subparsers(dest="thresholds_command", required=True)
-    p = th_sub.add_parser("list", help="the set in force and the earlier ones")
+    th_sub = add_group(sub, "thresholds", "recalibrated alert and derating thresholds")
+    p = add_command(
+        th_sub, "list", run_list, add_daemon_arguments, help="the set in force and the earlier ones"
+    )
     p.add_argument("--json", action="store_true")
-    add_daemon_arguments(p)
-    p.set_defaults(func=run_list)
-    p = th_sub.add_parser("rollback", help="go back to the set before the one in force")
-    add_daemon_arguments(p)
-    p.set_defaults(func=run_rollback)
+    add_command(
+        th_sub,
+        "rollback",
+        run_rollback,
+        add_daemon_arguments,
+        help="go back to the set before the one in force",
+    )
 
 
 def run_list(args: argparse.Namespace) -> int:

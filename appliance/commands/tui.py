@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from appliance.commands._subparsers import add_command
 from tui.cli import add_arguments, run
 
 
 def register(sub: Any) -> None:
     """Add `tui [--config PATH] [--url URL] [--token-file PATH] [--refresh S]`."""
-    p = sub.add_parser(
+    add_command(
+        sub,
         "tui",
+        run,
+        add_arguments,
         help="the operator console (Textual)",
         description="Monitor and steer the running daemon through its admin API.",
     )
-    add_arguments(p)
-    p.set_defaults(func=run)
