@@ -165,6 +165,28 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
         if protects and (worst_protect is None or (tier, excess) > worst_protect.rank):
             worst_protect = _Worst((tier, excess), index, temp, text)
 
+    def against(
+        s: GpuSample,
+        part: str,
+        temp: float,
+        limit: float,
+        at_text: str,
+        limit_name: str,
+        *,
+        shown_limit: float | None = None,
+        protects: bool = False,
+    ) -> tuple[bool, bool]:
+        """One reading against one limit, considered as a cause: (at or over the limit, below
+        it by the hysteresis). shown_limit: the figure the text names, when the limit is a
+        margin below it (the slowdown threshold)."""
+        at = temp >= limit
+        shown = limit if shown_limit is None else shown_limit
+        text = (
+            f"{s.label} {part} {temp:.1f} °C {at_text if at else 'vs'} {limit_name} {shown:.1f} °C"
+        )
+        consider(temp - limit, s.index, temp, text, protects=protects)
+        return at, temp < limit - hyst
+
     for s in samples:
         if s.lost:
             protect = True
@@ -179,44 +201,27 @@ def _assess(samples: Sequence[GpuSample], cfg: ThermalPolicyConfig) -> _Assessme
             protect_clear = False
             cool = False
         if core is not None:
-            hot_core = core >= cfg.derate_core_c
-            hot = hot or hot_core
-            cool = cool and core < cfg.derate_core_c - hyst
-            consider(
-                core - cfg.derate_core_c,
-                s.index,
-                core,
-                f"{s.label} core {core:.1f} °C "
-                + (">=" if hot_core else "vs")
-                + f" derate {cfg.derate_core_c:.1f} °C",
-            )
+            at, below = against(s, "core", core, cfg.derate_core_c, ">=", "derate")
+            hot = hot or at
+            cool = cool and below
             if slow is not None:
-                near = slow - cfg.protect_slowdown_margin_c
-                at_slow = core >= near
-                protect = protect or at_slow
-                protect_clear = protect_clear and core < near - hyst
-                consider(
-                    core - near,
-                    s.index,
+                margin = cfg.protect_slowdown_margin_c
+                at, below = against(
+                    s,
+                    "core",
                     core,
-                    f"{s.label} core {core:.1f} °C "
-                    + (f"within {cfg.protect_slowdown_margin_c:.1f} °C of" if at_slow else "vs")
-                    + f" its slowdown threshold {slow:.1f} °C",
+                    slow - margin,
+                    f"within {margin:.1f} °C of",
+                    "its slowdown threshold",
+                    shown_limit=slow,
                     protects=True,
                 )
+                protect = protect or at
+                protect_clear = protect_clear and below
         if mem is not None:
-            hot_mem = mem >= cfg.protect_mem_c
-            protect = protect or hot_mem
-            protect_clear = protect_clear and mem < cfg.protect_mem_c - hyst
-            consider(
-                mem - cfg.protect_mem_c,
-                s.index,
-                mem,
-                f"{s.label} HBM {mem:.1f} °C "
-                + (">=" if hot_mem else "vs")
-                + f" protect {cfg.protect_mem_c:.1f} °C",
-                protects=True,
-            )
+            at, below = against(s, "HBM", mem, cfg.protect_mem_c, ">=", "protect", protects=True)
+            protect = protect or at
+            protect_clear = protect_clear and below
     hot = hot or protect
     cool = cool and protect_clear
     return _Assessment(protect, protect_clear, hot, cool, worst, worst_protect)
