@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Fewer history rows than this say nothing about a percentile: keep the current value. Rows,
 # not weights: one hourly rollup stands for 720 samples but is still a single observation.
 MIN_SAMPLES = 30
+# A history column: (value, weight) pairs, the weight the raw samples a row stands for.
+Samples = list[tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def recalibrate(
         if lo > hi:
             notes.append(f"min_{name}_c {lo:g} is above the limit {hi:g}: the limit wins")
 
-    def column(key: str, where: str | None = None) -> list[tuple[float, float]]:
+    def column(key: str, where: str | None = None) -> Samples:
         out = []
         for row in history:
             v = row.get(key)
@@ -125,35 +127,37 @@ def recalibrate(
                 out.append((float(v), float(w) if _is_number(w) else 1.0))
         return out
 
-    core = column("core_temp_c_max", where="derated")
-    if len(core) >= MIN_SAMPLES:
-        new["derate_core_c"] = round(
-            _clamp(weighted_percentile(core, 99) + 3.0, bounds.min_core_c, bounds.max_core_c), 1
-        )
-    else:
-        notes.append(f"derate_core_c kept: {len(core)} samples < {MIN_SAMPLES}")
-    mem = column("mem_temp_c_max", where="derated")
-    if len(mem) >= MIN_SAMPLES:
-        new["protect_mem_c"] = round(
-            _clamp(weighted_percentile(mem, 99) + 5.0, bounds.min_mem_c, bounds.max_mem_c), 1
-        )
-    else:
-        notes.append(f"protect_mem_c kept: {len(mem)} samples < {MIN_SAMPLES}")
-    for key, col in (("slo_ttft_p99_s", "ttft_p99_s"), ("slo_tpot_p99_s", "tpot_p99_s")):
-        values = column(col)
+    def fit(key: str, values: Samples, value: Callable[[Samples], float]) -> None:
+        """new[key] = value(values) when there are enough samples; else it keeps, with a note."""
         if len(values) >= MIN_SAMPLES:
-            new[key] = round(
-                _clamp(weighted_percentile(values, 95) * 1.25, bounds.min_slo_s, bounds.max_slo_s),
-                4,
-            )
+            new[key] = value(values)
         else:
             notes.append(f"{key} kept: {len(values)} samples < {MIN_SAMPLES}")
+
+    fit(
+        "derate_core_c",
+        column("core_temp_c_max", where="derated"),
+        lambda v: _thermal_limit(v, 3.0, bounds.min_core_c, bounds.max_core_c),
+    )
+    fit(
+        "protect_mem_c",
+        column("mem_temp_c_max", where="derated"),
+        lambda v: _thermal_limit(v, 5.0, bounds.min_mem_c, bounds.max_mem_c),
+    )
+    for key, col in (("slo_ttft_p99_s", "ttft_p99_s"), ("slo_tpot_p99_s", "tpot_p99_s")):
+        fit(
+            key,
+            column(col),
+            lambda v: round(
+                _clamp(weighted_percentile(v, 95) * 1.25, bounds.min_slo_s, bounds.max_slo_s), 4
+            ),
+        )
     new["alert_ttft_p99_s"] = round(new["slo_ttft_p99_s"] * 1.5, 4)
-    queued = column("queued")
-    if len(queued) >= MIN_SAMPLES:
-        new["alert_queue_depth"] = max(1.0, round(weighted_percentile(queued, 99) * 2, 1))
-    else:
-        notes.append(f"alert_queue_depth kept: {len(queued)} samples < {MIN_SAMPLES}")
+    fit(
+        "alert_queue_depth",
+        column("queued"),
+        lambda v: max(1.0, round(weighted_percentile(v, 99) * 2, 1)),
+    )
     result = Thresholds(**new)
     changes = {
         k: (float(getattr(current, k)), float(getattr(result, k)))
@@ -161,6 +165,11 @@ def recalibrate(
         if getattr(current, k) != getattr(result, k)
     }
     return Recalibration(result, changes, tuple(notes), samples=len(history))
+
+
+def _thermal_limit(values: Samples, headroom_c: float, lo: float, hi: float) -> float:
+    """headroom_c above the running peak (weighted p99), kept within [lo, hi]."""
+    return round(_clamp(weighted_percentile(values, 99) + headroom_c, lo, hi), 1)
 
 
 def _is_number(value: Any) -> bool:
