@@ -6,11 +6,13 @@ import argparse
 import sys
 
 from appliance.commands import (
+    audit,
     bench,
     config_check,
     estimate,
     install_service,
     jobs,
+    keys,
     logs,
     model,
     precheck,
@@ -18,6 +20,7 @@ from appliance.commands import (
     status,
     thresholds,
     tui,
+    usage,
 )
 from appliance.commands._config import CONFIG_ERROR_EXIT
 from appliance.errors import ConfigError
@@ -37,6 +40,9 @@ COMMANDS = (
     bench,
     install_service,
     logs,
+    keys,
+    usage,
+    audit,
 )
 
 

@@ -1,6 +1,7 @@
 """The maintenance jobs, registered in one place with what each one needs: the weekly
-restart, the monthly re-benchmark, the quarterly recalibration and the predictor's
-training; the load guard that defers them; what earlier runs left to restore."""
+restart, the monthly re-benchmark, the quarterly recalibration, the predictor's training
+and the audit log's retention; the load guard that defers them; what earlier runs left
+to restore."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from appliance.domain.lanes import Lane
 from appliance.domain.sweep_analysis import Slo
 from appliance.domain.threshold_fit import Bounds
 from appliance.services.admission import AdmissionQueue
+from appliance.services.audit_log import AuditLog
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
 from appliance.services.metric_history import HistorySampler
@@ -24,6 +26,7 @@ from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
 from appliance.services.thresholds import LiveThresholds
+from maintenance.audit_prune import prune_audit
 from maintenance.rebenchmark import rebenchmark
 from maintenance.recalibrate import recalibrate_thresholds, rollback_thresholds
 from maintenance.restart import defrag_restart
@@ -49,6 +52,7 @@ class JobContext:
     thresholds: LiveThresholds
     rss_baseline: EngineRssBaseline
     admin_token: str
+    audit: AuditLog | None = None  # None: audit.enabled is false
 
 
 def load_guard(admission: AdmissionQueue, guard_max_queue: int) -> str | None:
@@ -193,17 +197,23 @@ def _recalibrate_job(ctx: JobContext) -> JobFn:
 
 
 def build_scheduler(ctx: JobContext) -> MaintenanceScheduler:
-    """The four jobs with their schedules, the load guard and the outcome counter."""
+    """The jobs with their schedules, the load guard and the outcome counter."""
     m = ctx.config.maintenance
 
     async def predictor() -> dict[str, Any]:
         return await train_predictor(ctx)
+
+    async def audit_prune() -> dict[str, Any]:
+        if ctx.audit is None:
+            return {"skipped": "audit.enabled is false"}
+        return await prune_audit(ctx.audit)
 
     jobs = [
         JobSpec("restart", m.restart.cron, m.restart.enabled, _restart_job(ctx)),
         JobSpec("benchmark", m.benchmark.cron, m.benchmark.enabled, _benchmark_job(ctx)),
         JobSpec("recalibrate", m.recalibrate.cron, m.recalibrate.enabled, _recalibrate_job(ctx)),
         JobSpec("predictor", m.predictor.cron, m.predictor.enabled, predictor),
+        JobSpec("audit_prune", m.audit_prune.cron, m.audit_prune.enabled, audit_prune),
     ]
     counter = ctx.metrics.maintenance_runs_total
     for job in jobs:

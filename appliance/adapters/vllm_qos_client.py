@@ -124,6 +124,7 @@ def _account(scope: RequestScope, delta: Any, *, first: bool) -> None:
         outcome.prompt_tokens += len(delta.prompt_token_ids or ())
     outcome.tokens_out(sum(len(c.token_ids) for c in delta.outputs), time.monotonic())
     for c in delta.outputs:
+        outcome.add_text(delta.request_id, c.index, c.text or "")
         if c.finish_reason is not None:
             outcome.finish_reason = c.finish_reason
 

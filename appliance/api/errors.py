@@ -30,6 +30,8 @@ def error_response(exc: ApplianceError) -> web.Response:
         headers["Retry-After"] = str(int(retry))
     if not exc.retryable:
         headers["x-should-retry"] = "false"  # honoured by the official OpenAI clients
+    # A key's rate limit names its window as OpenAI does (x-ratelimit-*).
+    headers.update(getattr(exc, "headers", None) or {})
     return web.Response(
         status=exc.status,
         text=json.dumps(error_body(exc)),

@@ -34,6 +34,7 @@ from appliance.api.validation import (
     common,
     decode_body,
 )
+from appliance.domain.api_keys import KeySpec, RateLimited, entitle
 from appliance.domain.lanes import LANE_NAMES, Lane
 from appliance.domain.parsed_request import Limits
 from appliance.domain.request_scope import (
@@ -44,10 +45,11 @@ from appliance.domain.request_scope import (
     RequestScope,
     StreamReply,
 )
-from appliance.errors import ApplianceError, BadRequest, BodyTooLarge, Unauthorized
+from appliance.errors import ApplianceError, BadRequest, BodyTooLarge, Overloaded
 from appliance.json_log import request_id_var
 from appliance.services.container import Services
 from appliance.services.long_context import ChunkedCall, LongRequest
+from appliance.services.request_ledger import CallRecord, prompt_of
 
 routes = web.RouteTableDef()
 
@@ -63,6 +65,7 @@ class Extensions:
     lane: Lane
     deadline_ms: int | None
     chunk: bool
+    lane_downgraded: bool = False
 
 
 def limits_of(svc: Services) -> Limits:
@@ -77,13 +80,9 @@ def limits_of(svc: Services) -> Limits:
     )
 
 
-def _check_api_key(request: web.Request, svc: Services) -> None:
-    keys = svc.config.server.api_keys
-    if not keys:
-        return
-    auth = request.headers.get("Authorization", "")
-    if not auth.startswith("Bearer ") or auth[7:] not in keys:
-        raise Unauthorized("Authorization: a valid 'Bearer <api key>' is required")
+def _authenticate(request: web.Request, svc: Services) -> KeySpec:
+    """The caller's key (anonymous while no keys exist); Unauthorized otherwise."""
+    return svc.tenancy.keys.authenticate(request.headers.get("Authorization"))
 
 
 async def _read_json(request: web.Request, svc: Services) -> dict[str, Any]:
@@ -94,13 +93,15 @@ async def _read_json(request: web.Request, svc: Services) -> dict[str, Any]:
     return decode_body(await request.read(), limit)
 
 
-def _extensions(body: dict[str, Any], svc: Services, endpoint: str) -> Extensions:
-    """Take the appliance's fields out of body (vLLM's models must not see them)."""
-    lane_name = body.pop("priority", "interactive")
-    if lane_name not in LANE_NAMES:
+def _extensions(body: dict[str, Any], svc: Services, endpoint: str, key: KeySpec) -> Extensions:
+    """Take the appliance's fields out of body (vLLM's models must not see them); the lane
+    is the one asked for within the key's ceiling (403 above it, unless downgraded)."""
+    lane_name = body.pop("priority", None)
+    if lane_name is not None and lane_name not in LANE_NAMES:
         raise BadRequest(
             f"priority: must be one of {list(LANE_NAMES)}, got {lane_name!r}", param="priority"
         )
+    grant = entitle(key, None if lane_name is None else Lane.parse(lane_name))
     deadline = body.pop("deadline_ms", None)
     if deadline is not None and (
         isinstance(deadline, bool)
@@ -112,7 +113,7 @@ def _extensions(body: dict[str, Any], svc: Services, endpoint: str) -> Extension
             f"got {json.dumps(deadline)[:40]}",
             param="deadline_ms",
         )
-    lane = Lane.parse(lane_name)
+    lane = grant.lane
     if deadline is None:
         deadline = svc.config.admission.lane_deadline_ms.for_lane(lane.label)
     chunk = False
@@ -122,13 +123,15 @@ def _extensions(body: dict[str, Any], svc: Services, endpoint: str) -> Extension
     for key in _LONG_CONTEXT_FIELDS:
         if key in body and endpoint != "chat":
             raise BadRequest(f"{key}: only /v1/chat/completions reads long documents", param=key)
-    return Extensions(lane=lane, deadline_ms=deadline, chunk=chunk)
+    return Extensions(
+        lane=lane, deadline_ms=deadline, chunk=chunk, lane_downgraded=grant.downgraded
+    )
 
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     svc = request.app[SERVICES]
-    _check_api_key(request, svc)
+    _authenticate(request, svc)
     frontend = svc.supervisor.frontend()
     return web.json_response(await frontend.models(), dumps=dumps)
 
@@ -148,7 +151,7 @@ def _route(
 async def _utility(request: web.Request, endpoint: str) -> web.StreamResponse:
     """Tokenizer endpoints: no engine step, so no admission slot."""
     svc = request.app[SERVICES]
-    _check_api_key(request, svc)
+    _authenticate(request, svc)
     parsed = parse_request(endpoint, await _read_json(request, svc))
     reply = await svc.supervisor.frontend().serve(endpoint, parsed)
     assert isinstance(reply, JsonReply)
@@ -156,11 +159,38 @@ async def _utility(request: web.Request, endpoint: str) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """A generating call, accounted to its key once however it ends."""
     svc = request.app[SERVICES]
-    _check_api_key(request, svc)
-    body = await _read_json(request, svc)
-    ext = _extensions(body, svc, endpoint)
     rid = request_id_var.get() or uuid.uuid4().hex
+    call = svc.tenancy.ledger.open(endpoint, request.get(ARRIVED_S, time.monotonic()), rid)
+    try:
+        resp = await _generate_call(request, svc, call)
+        call.http_status = resp.status
+        return resp
+    except ApplianceError as exc:
+        call.http_status = exc.status
+        call.status = call.status or _status_of(exc)
+        raise
+    except asyncio.CancelledError:
+        call.http_status, call.status = 499, "cancelled"  # 499: nginx's "client went away"
+        raise
+    except Exception:
+        call.http_status, call.status = 500, "error"
+        raise
+    finally:
+        svc.tenancy.ledger.close(call)
+
+
+async def _generate_call(
+    request: web.Request, svc: Services, call: CallRecord
+) -> web.StreamResponse:
+    endpoint, rid = call.endpoint, call.request_id
+    call.key = _authenticate(request, svc)
+    body = await _read_json(request, svc)
+    call.prompt, call.model = prompt_of(body), str(body.get("model") or svc.model_name)
+    ext = _extensions(body, svc, endpoint, call.key)
+    call.lane = ext.lane.label
+    call.charge = svc.tenancy.quotas.admit(call.key, _token_estimate(body, call.prompt, svc))
     if "request_id" in request_fields(endpoint) and "request_id" not in body:
         body["request_id"] = rid
     if endpoint in ("chat", "completion") and all(
@@ -172,25 +202,42 @@ async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     if ext.chunk:
         long = await _long_document(svc, body)
         if long is not None:
-            return await _serve_chunked(request, svc, body, ext, long)
+            return await _serve_chunked(request, svc, body, ext, long, call)
     for key in _LONG_CONTEXT_FIELDS:
         body.pop(key, None)
     parsed = parse_request(endpoint, body)
-    return await _serve(request, svc, endpoint, ext, parsed)
+    return await _serve(request, svc, ext, parsed, call)
+
+
+def _token_estimate(body: dict[str, Any], prompt: str, svc: Services) -> int:
+    """What a key's tokens-per-minute window is charged up front (settled with the real
+    count after the answer): about 4 characters a token of prompt, plus the answer's cap."""
+    cap = body.get("max_completion_tokens") or body.get("max_tokens")
+    answer = cap if isinstance(cap, int) and cap > 0 else svc.config.engine.max_tokens_default
+    return len(prompt) // 4 + 1 + answer
+
+
+def _reply_headers(call: CallRecord, ext: Extensions) -> dict[str, str]:
+    headers = dict(call.charge.headers) if call.charge is not None else {}
+    if ext.lane_downgraded:
+        headers["x-appliance-lane"] = ext.lane.label  # served below the lane asked for
+    return headers
 
 
 @contextlib.asynccontextmanager
 async def _admitted(
-    svc: Services, ext: Extensions, arrived_s: float, outcome: Outcome, kind: str
+    svc: Services, ext: Extensions, call: CallRecord
 ) -> AsyncIterator[float | None]:
     """Readiness, the lane's queue, one slot for the body; the request's metrics and log
     line on the way out, whatever happened. Yields the deadline (monotonic s) or None."""
     status = "error"
+    outcome, arrived_s = call.outcome, call.arrived_s
     try:
         svc.metrics.arrivals += 1
         svc.supervisor.check_admitting()
         deadline_s = arrived_s + ext.deadline_ms / 1000 if ext.deadline_ms else None
-        async with svc.admission.slot(ext.lane, deadline_s):
+        assert call.key is not None
+        async with svc.admission.slot(ext.lane, deadline_s, call.key):
             outcome.admitted_s = time.monotonic()
             svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
                 outcome.admitted_s - arrived_s
@@ -204,28 +251,29 @@ async def _admitted(
         status = _status_of(exc)
         raise
     finally:
-        svc.accounting.record(ext.lane, kind, outcome, arrived_s, status)
+        call.status, call.accounted = status, True
+        svc.accounting.record(ext.lane, call.endpoint, outcome, arrived_s, status)
 
 
 async def _serve(
-    request: web.Request, svc: Services, endpoint: str, ext: Extensions, parsed: Any
+    request: web.Request, svc: Services, ext: Extensions, parsed: Any, call: CallRecord
 ) -> web.StreamResponse:
     """Admission, then vLLM's serving class under the request's scope."""
-    outcome = Outcome()
-    arrived_s = request.get(ARRIVED_S, time.monotonic())
-    async with _admitted(svc, ext, arrived_s, outcome, endpoint) as deadline_s:
+    outcome = call.outcome
+    async with _admitted(svc, ext, call) as deadline_s:
         token = CURRENT_SCOPE.set(RequestScope(int(ext.lane), deadline_s, outcome))
         try:
-            reply = await svc.supervisor.frontend().serve(endpoint, parsed)
+            reply = await svc.supervisor.frontend().serve(call.endpoint, parsed)
+            headers = _reply_headers(call, ext)
             if isinstance(reply, StreamReply):
-                return await _stream(request, reply, outcome)
-            return web.json_response(reply.body, status=reply.status, dumps=dumps)
+                return await _stream(request, reply, outcome, headers)
+            return web.json_response(reply.body, status=reply.status, dumps=dumps, headers=headers)
         finally:
             CURRENT_SCOPE.reset(token)
 
 
 async def _stream(
-    request: web.Request, reply: StreamReply, outcome: Outcome
+    request: web.Request, reply: StreamReply, outcome: Outcome, headers: dict[str, str]
 ) -> web.StreamResponse:
     """vLLM's SSE frames as they come; an engine failure's frame in the appliance's shape."""
     resp = web.StreamResponse(
@@ -233,6 +281,7 @@ async def _stream(
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": request_id_var.get() or "",
+            **headers,
         }
     )
     await resp.prepare(request)
@@ -311,16 +360,20 @@ async def _long_document(svc: Services, body: dict[str, Any]) -> LongRequest | N
 
 
 async def _serve_chunked(
-    request: web.Request, svc: Services, body: dict[str, Any], ext: Extensions, long: LongRequest
+    request: web.Request,
+    svc: Services,
+    body: dict[str, Any],
+    ext: Extensions,
+    long: LongRequest,
+    call: CallRecord,
 ) -> web.StreamResponse:
     """A document over the context, read in parts inside one admission slot."""
     rid = body.get("request_id") or uuid.uuid4().hex
     limits = limits_of(svc)
     parsed = common(dict(body, priority=ext.lane.label), "chat", None, limits)
     parsed = dataclasses.replace(parsed, deadline_ms=ext.deadline_ms)
-    outcome = Outcome()
-    arrived_s = request.get(ARRIVED_S, time.monotonic())
-    async with _admitted(svc, ext, arrived_s, outcome, "chat"):
+    outcome, arrived_s = call.outcome, call.arrived_s
+    async with _admitted(svc, ext, call):
         source = svc.long_context.run(ChunkedCall(parsed, long, rid, outcome, arrived_s, limits))
         try:
             if parsed.stream:
@@ -337,7 +390,15 @@ def _status_of_outcome(outcome: Outcome) -> str:
 
 
 def _status_of(exc: ApplianceError) -> str:
-    return {429: "rejected", 503: "not_ready", 408: "deadline_queued"}.get(exc.status, "error")
+    """The accounting status of a refusal or failure."""
+    if isinstance(exc, RateLimited):
+        return "rate_limited"
+    if isinstance(exc, Overloaded):
+        return "rejected"
+    named = {401: "unauthorized", 403: "forbidden", 503: "not_ready", 408: "deadline_queued"}
+    if exc.status in named:
+        return named[exc.status]
+    return "bad_request" if 400 <= exc.status < 500 else "error"
 
 
 # vLLM's endpoints, each under the appliance's key check; the generating ones admitted.

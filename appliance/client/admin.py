@@ -276,6 +276,15 @@ class AdminClient:
         """POST /admin/thresholds/rollback."""
         return await self.request("POST", "/admin/thresholds/rollback", what="thresholds rollback")
 
+    async def usage(self, from_day: str | None = None, to_day: str | None = None) -> dict[str, Any]:
+        """GET /admin/usage: requests and tokens per key over UTC days (default: a week)."""
+        params = {k: v for k, v in (("from", from_day), ("to", to_day)) if v}
+        return await self.request("GET", "/admin/usage", None, params or None, "usage")
+
+    async def keys(self) -> dict[str, Any]:
+        """GET /admin/keys: the active keys and what each runs and queues now."""
+        return await self.request("GET", "/admin/keys", what="keys")
+
     async def inject_fault(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /admin/telemetry/faults (simulated GPU only)."""
         return await self.request("POST", "/admin/telemetry/faults", body, what="fault")

@@ -32,7 +32,9 @@ class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(1_048_576, ge=1024, le=256 * 1_048_576)
-    # Optional client keys for /v1; empty means the OpenAI API is open on the loopback.
+    # Plain client keys with every lane and no limits (the older way; `appliance keys add`
+    # keeps keys hashed, with lanes and limits). No key at all: the API is open to anyone
+    # who can reach the port.
     api_keys: tuple[str, ...] = ()
     # Where the admin token comes from when $APPLIANCE_ADMIN_TOKEN is unset.
     admin_token_file: str = "admin.token"
@@ -224,6 +226,18 @@ class BenchConfig(Section):
     weights: ScoreWeightsConfig = ScoreWeightsConfig()
 
 
+class AuditConfig(Section):
+    """The per-request audit log (state_dir/audit.db)."""
+
+    enabled: bool = True
+    # The prompt and answer text beside their SHA-256; off: only the hashes are kept.
+    store_text: bool = False
+    retention_days: int = Field(90, ge=1, le=3650)
+    # A cap on the file; when it is reached records are dropped (counted, alerted), never
+    # a request failed. null: bounded by the disk only.
+    max_size_mib: int | None = Field(1024, ge=1)
+
+
 class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_lines: bool = True
@@ -242,6 +256,7 @@ class Config(Section):
     controller: ControllerSettings = Field(ControllerSettings(), validate_default=True)
     maintenance: MaintenanceConfig = MaintenanceConfig()
     bench: BenchConfig = BenchConfig()
+    audit: AuditConfig = AuditConfig()
     logging: LoggingConfig = LoggingConfig()
 
     # Rules across sections are field validators of the later section, not one model

@@ -58,6 +58,8 @@ class MaintenanceConfig(Section):
     recalibrate: JobSchedule = JobSchedule(cron="0 4 1 1,4,7,10 *")
     # Retrain the load predictor on the stored history (a second or two of CPU).
     predictor: JobSchedule = JobSchedule(cron="30 4 * * *")
+    # Delete audit records older than audit.retention_days.
+    audit_prune: JobSchedule = JobSchedule(cron="45 4 * * *")
     # A run due while the daemon was down still runs at start if it is at most this late.
     misfire_grace_s: int = Field(6 * 3600, ge=1, le=30 * 86400)
     # Load guard: defer while realtime requests run or wait, or the queue is deeper than this.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from appliance.api import admin, health, maintenance, openai
+from appliance.api import admin, health, maintenance, openai, usage
 from appliance.api.errors import error_middleware
 from appliance.api.keys import SERVICES
 from appliance.api.middleware import request_id_middleware
@@ -36,7 +36,7 @@ def build_app(
     svc = compose(cfg, engine_factory, tokenizer, telemetry, prechecks)
     app[SERVICES] = svc
     app[FATAL] = asyncio.get_event_loop().create_future()
-    for table in (health.routes, openai.routes, admin.routes, maintenance.routes):
+    for table in (health.routes, openai.routes, admin.routes, maintenance.routes, usage.routes):
         app.add_routes(table)
     app.cleanup_ctx.extend(contexts(svc))
     return app

@@ -17,19 +17,24 @@ from appliance.precheck import CheckResult
 from appliance.services.accounting import RequestAccounting
 from appliance.services.admin_token import load_or_create_admin_token
 from appliance.services.admission import AdmissionQueue
-from appliance.services.container import Services
+from appliance.services.audit_log import AuditLog, AuditSettings
+from appliance.services.container import Services, Tenancy
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
+from appliance.services.key_store import KeyRegistry, KeyStore
 from appliance.services.long_context import LongContextRunner
 from appliance.services.metric_history import HistorySampler
 from appliance.services.metric_row import MetricRows
 from appliance.services.metrics import Metrics
 from appliance.services.process_memory import EngineRssBaseline, engine_rss
+from appliance.services.quotas import Quotas
+from appliance.services.request_ledger import RequestLedger
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry
 from appliance.services.telemetry_metrics import TelemetryCollector
 from appliance.services.thresholds import LiveThresholds
+from appliance.services.usage import UsageMeter
 from maintenance.jobs import DaemonMaintenance, JobContext, predictor_path
 
 
@@ -67,6 +72,7 @@ def compose(
     # The restart job's growth baseline: the engine RSS after every start.
     events.add_sink(rss_baseline.on_event)
     admin_token = load_or_create_admin_token(cfg.state_dir / cfg.server.admin_token_file)
+    tenancy = _tenancy(cfg, store, metrics, events)
     maintenance = DaemonMaintenance(
         JobContext(
             config=cfg,
@@ -81,6 +87,7 @@ def compose(
             thresholds=thresholds,
             rss_baseline=rss_baseline,
             admin_token=admin_token,
+            audit=tenancy.audit,
         )
     )
     metrics.add_refresher(wiring.admission_metrics(metrics, admission, supervisor))
@@ -107,8 +114,34 @@ def compose(
         maintenance=maintenance,
         rss_baseline=rss_baseline,
         long_context=LongContextRunner(cfg.long_context, tokenizer, supervisor),
+        tenancy=tenancy,
         prechecks=tuple(prechecks),
     )
+
+
+def _tenancy(cfg: Config, store: StateStore, metrics: Metrics, events: EventBus) -> Tenancy:
+    """Who may ask for what: the keys (kept beside the state store), their per-minute
+    windows, their usage and the audit log of every call."""
+    keys = KeyRegistry(KeyStore(store.path), cfg.server.api_keys)
+    usage = UsageMeter(store, metrics.registry, time.time)
+    for spec in keys.keys:
+        usage.known_key(spec.name)
+    audit = None
+    if cfg.audit.enabled:
+
+        def dropped(count: int, reason: str) -> None:
+            metrics.audit_dropped_total.inc(count)
+            events.emit("audit_dropped", f"{count} audit records not written: {reason}")
+
+        settings = AuditSettings(
+            path=cfg.state_dir / "audit.db",
+            store_text=cfg.audit.store_text,
+            retention_days=cfg.audit.retention_days,
+            max_size_mib=cfg.audit.max_size_mib,
+        )
+        audit = AuditLog(settings, on_drop=dropped)
+    quotas = Quotas()
+    return Tenancy(keys, quotas, usage, audit, RequestLedger(usage, quotas, audit, metrics))
 
 
 def _telemetry_loop(

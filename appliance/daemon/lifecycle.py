@@ -1,4 +1,5 @@
-"""Start the services in order and stop them in reverse: the store (closed last),
+"""Start the services in order and stop them in reverse: the store (closed last), the
+keys, usage and audit log (so every request is accounted, and written out after the drain),
 telemetry (derating applies from the first request), the engine, the controller, then
 metric history and maintenance (after restoring what earlier runs decided)."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,9 +15,15 @@ from aiohttp import web
 
 from appliance.errors import EngineStartError
 from appliance.services.container import Services
+from appliance.services.periodic import Periodic
+
+log = logging.getLogger("appliance.daemon")
+# How often the usage totals reach the state store.
+USAGE_FLUSH_INTERVAL_S = 5.0
 
 # Set when the first engine start fails: serve() exits non-zero so systemd can act.
 FATAL = web.AppKey("fatal", asyncio.Future)
+
 
 def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[None]]]:
     """aiohttp cleanup contexts, in start order."""
@@ -23,6 +31,27 @@ def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[No
     async def store(app: web.Application) -> AsyncIterator[None]:
         yield
         svc.store.close()
+
+    async def tenancy(app: web.Application) -> AsyncIterator[None]:
+        # A revoked key is refused within a second, without a restart.
+        watch = asyncio.create_task(svc.tenancy.keys.watch(), name="keys-watch")
+        flush = Periodic(
+            "usage-flush",
+            lambda: asyncio.to_thread(svc.tenancy.usage.flush),
+            lambda: USAGE_FLUSH_INTERVAL_S,
+            log,
+        )
+        if svc.tenancy.audit is not None:
+            await svc.tenancy.audit.start()
+        await flush.start()
+        yield
+        await flush.stop()
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        if svc.tenancy.audit is not None:
+            await svc.tenancy.audit.stop()
+        await asyncio.to_thread(svc.tenancy.usage.flush)
 
     async def telemetry(app: web.Application) -> AsyncIterator[None]:
         await svc.telemetry_loop.start()
@@ -58,7 +87,7 @@ def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[No
         svc.maintenance.shutdown()
         await svc.history.stop()
 
-    return [store, telemetry, engine, controller, maintenance]
+    return [store, tenancy, telemetry, engine, controller, maintenance]
 
 
 async def _start_engine(svc: Services, fatal: asyncio.Future[Any]) -> None:

@@ -35,6 +35,20 @@ class Outcome:
     extra_prompt_tokens: int = 0
     extra_completion_tokens: int = 0
     long_context: dict[str, object] | None = None
+    # The answer's text per engine request and choice, in arrival order (the audit log's
+    # hash of the answer); the chunked path's answer is in `text`.
+    choice_text: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+    def add_text(self, engine_request_id: str, index: int, text: str) -> None:
+        """Append a piece of one choice's answer."""
+        if text:
+            self.choice_text.setdefault((engine_request_id, index), []).append(text)
+
+    def answer_text(self) -> str:
+        """The whole answer: each choice's text, choices apart by a blank line."""
+        if self.choice_text:
+            return "\n\n".join("".join(parts) for parts in self.choice_text.values())
+        return "".join(self.text)
 
     def tokens_out(self, count: int, now_s: float) -> None:
         """count new tokens arrived at now_s."""

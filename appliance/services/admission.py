@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from appliance.config import AdmissionConfig
+from appliance.domain.api_keys import ANONYMOUS, KeySpec, key_cap
 from appliance.domain.fair_queue import FairQueue
 from appliance.domain.lanes import Lane
 from appliance.errors import ApplianceError, NotReady, Overloaded
@@ -25,33 +26,10 @@ class DeadlineExceeded(ApplianceError):
     retryable = False
 
 
-# Who a request is for when no API keys are configured: everyone shares one FIFO per lane.
-ANONYMOUS = "anonymous"
-
-
-@dataclass(frozen=True)
-class Claimant:
-    """Whose request asks for a slot: the key's name, its fairness weight inside a lane and
-    its share of the concurrency limit (None: it may use every slot)."""
-
-    key: str = ANONYMOUS
-    weight: int = 1
-    concurrency_share: float | None = None
-
-    def cap(self, limit: int) -> int | None:
-        """Slots this key may hold under limit; at least 1, so it is never locked out."""
-        if self.concurrency_share is None:
-            return None
-        return max(1, math.ceil(self.concurrency_share * limit - 1e-9))
-
-
-EVERYONE = Claimant()
-
-
 @dataclass(eq=False)
 class _Waiter:
     lane: Lane
-    claimant: Claimant
+    claimant: KeySpec
     future: asyncio.Future[None]
     enqueued_s: float
     held_at_enqueue_s: float  # the queue's held-time counter when this request joined
@@ -223,7 +201,7 @@ class AdmissionQueue:
 
     @asynccontextmanager
     async def slot(
-        self, lane: Lane, deadline_s: float | None = None, claimant: Claimant = EVERYONE
+        self, lane: Lane, deadline_s: float | None = None, claimant: KeySpec = ANONYMOUS
     ) -> AsyncIterator[None]:
         """Hold one engine slot for the body; waits in the lane's queue if needed."""
         await self._acquire(lane, deadline_s, claimant)
@@ -232,7 +210,7 @@ class AdmissionQueue:
         finally:
             self._release(lane, claimant)
 
-    async def _acquire(self, lane: Lane, deadline_s: float | None, claimant: Claimant) -> None:
+    async def _acquire(self, lane: Lane, deadline_s: float | None, claimant: KeySpec) -> None:
         self.check_lane(lane)
         if self._can_run_now(lane, claimant):
             self._grant(lane, claimant)
@@ -244,7 +222,7 @@ class AdmissionQueue:
             )
         loop = asyncio.get_running_loop()
         waiter = _Waiter(lane, claimant, loop.create_future(), self._clock(), self.held_s())
-        self._lanes[lane].push(claimant.key, waiter, claimant.weight)
+        self._lanes[lane].push(claimant.name, waiter, claimant.weight)
         self._changed.set()
         # A waiter ahead may be held back only by its own key's share: this one may run now.
         self._dispatch()
@@ -285,7 +263,7 @@ class AdmissionQueue:
             self._release(waiter.lane, waiter.claimant)
             return
         waiter.future.cancel()
-        self._lanes[waiter.lane].remove(waiter.claimant.key, waiter)  # False: already popped
+        self._lanes[waiter.lane].remove(waiter.claimant.name, waiter)  # False: already popped
         self._changed.set()
 
     def _has_room(self, lane: Lane) -> bool:
@@ -299,29 +277,29 @@ class AdmissionQueue:
         non_realtime = self.in_flight - self._running[Lane.REALTIME]
         return non_realtime < limit - self.reserved_realtime
 
-    def _under_cap(self, claimant: Claimant) -> bool:
-        cap = claimant.cap(self.limit)
-        return cap is None or self._running_by_key.get(claimant.key, 0) < cap
+    def _under_cap(self, claimant: KeySpec) -> bool:
+        cap = key_cap(claimant, self.limit)
+        return cap is None or self._running_by_key.get(claimant.name, 0) < cap
 
-    def _can_run_now(self, lane: Lane, claimant: Claimant) -> bool:
+    def _can_run_now(self, lane: Lane, claimant: KeySpec) -> bool:
         if not self._dispatching or not self._has_room(lane) or not self._under_cap(claimant):
             return False
         # Nobody of the same or a higher lane may be overtaken.
         return all(not self._lanes[other] for other in Lane if other <= lane)
 
-    def _grant(self, lane: Lane, claimant: Claimant) -> None:
+    def _grant(self, lane: Lane, claimant: KeySpec) -> None:
         self._running[lane] += 1
-        self._running_by_key[claimant.key] = self._running_by_key.get(claimant.key, 0) + 1
+        self._running_by_key[claimant.name] = self._running_by_key.get(claimant.name, 0) + 1
         self._admitted_total += 1
         self._changed.set()
 
-    def _release(self, lane: Lane, claimant: Claimant) -> None:
+    def _release(self, lane: Lane, claimant: KeySpec) -> None:
         self._running[lane] -= 1
-        left = self._running_by_key.get(claimant.key, 0) - 1
+        left = self._running_by_key.get(claimant.name, 0) - 1
         if left > 0:
-            self._running_by_key[claimant.key] = left
+            self._running_by_key[claimant.name] = left
         else:
-            self._running_by_key.pop(claimant.key, None)
+            self._running_by_key.pop(claimant.name, None)
         self._changed.set()
         self._dispatch()
 

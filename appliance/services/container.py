@@ -15,16 +15,21 @@ from appliance.ports import FaultInjector, Maintenance, Tokenizer
 from appliance.precheck import CheckResult
 from appliance.services.accounting import RequestAccounting
 from appliance.services.admission import AdmissionQueue
+from appliance.services.audit_log import AuditLog
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
+from appliance.services.key_store import KeyRegistry
 from appliance.services.long_context import LongContextRunner
 from appliance.services.metric_history import HistorySampler
 from appliance.services.metrics import Metrics
 from appliance.services.process_memory import EngineRssBaseline
+from appliance.services.quotas import Quotas
+from appliance.services.request_ledger import RequestLedger
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
 from appliance.services.thresholds import LiveThresholds
+from appliance.services.usage import UsageMeter
 
 
 class BackgroundTasks:
@@ -49,6 +54,18 @@ class BackgroundTasks:
         # Cancelled, or it failed on the way out: either way it has ended.
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Who may ask for what: the keys, their per-minute windows, their usage, the audit
+    log, and the ledger that closes every call against them."""
+
+    keys: KeyRegistry
+    quotas: Quotas
+    usage: UsageMeter
+    audit: AuditLog | None  # None: audit.enabled is false
+    ledger: RequestLedger
 
 
 @dataclass(frozen=True)
@@ -77,5 +94,6 @@ class Services:
     maintenance: Maintenance
     rss_baseline: EngineRssBaseline
     long_context: LongContextRunner
+    tenancy: Tenancy
     prechecks: tuple[CheckResult, ...] = ()
     background: BackgroundTasks = field(default_factory=BackgroundTasks)

@@ -71,6 +71,11 @@ class Metrics:
             ["priority", "stage"],
             registry=r,
         )
+        self.audit_dropped_total = Counter(
+            "appliance_audit_dropped",
+            "Audit records that could not be written (disk or size cap full, queue full)",
+            registry=r,
+        )
         self.engine_restarts_total = Counter(
             "appliance_engine_restarts", "Engine restarts by cause", ["cause"], registry=r
         )
@@ -80,6 +85,11 @@ class Metrics:
             ["job", "outcome"],
             registry=r,
         )
+        self._gauges(r)
+        self._refreshers: list[Callable[[], None]] = []
+
+    def _gauges(self, r: CollectorRegistry) -> None:
+        """The gauges a refresher copies live state into before each scrape."""
         self.requests_in_flight = Gauge(
             "appliance_requests_in_flight", "Requests running in the engine", registry=r
         )
@@ -103,7 +113,6 @@ class Metrics:
         )
         for lane in LANE_NAMES:
             self.queue_depth.labels(lane)
-        self._refreshers: list[Callable[[], None]] = []
 
     def add_collector(self, collector: Collector) -> None:
         """Register a scrape-time collector (e.g. GPU telemetry) in our registry."""

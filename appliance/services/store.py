@@ -1,6 +1,6 @@
 """The state store: one SQLite file (WAL) for events, job runs, benchmarks, metric history,
-controller decisions and threshold sets. Every write is one transaction, so a killed daemon
-leaves a consistent database."""
+controller decisions, threshold sets and daily usage per API key. Every write is one
+transaction, so a killed daemon leaves a consistent database."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ CREATE TABLE IF NOT EXISTS metric_samples (
 CREATE TABLE IF NOT EXISTS controller_decisions (
     id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, limit_value INTEGER NOT NULL,
     reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage_daily (
+    day TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL, requests INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    PRIMARY KEY (day, key, status));
 CREATE TABLE IF NOT EXISTS thresholds (
     id INTEGER PRIMARY KEY, ts_s REAL NOT NULL, active INTEGER NOT NULL, source TEXT NOT NULL,
     data TEXT NOT NULL);
@@ -52,6 +56,18 @@ class JobRun:
     outcome: str
     details: dict[str, Any]
     error: str | None
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One key's requests of one status on one UTC day, and their tokens."""
+
+    day: str
+    key: str
+    status: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class StateStore:
@@ -281,6 +297,33 @@ class StateStore:
         return _threshold_row((target[0], target[1], 1, target[3], target[4]))
 
     # -- meta ------------------------------------------------------------------------
+
+    # -- usage per key and day -------------------------------------------------------
+
+    def add_usage(self, rows: list[UsageRow]) -> None:
+        """Add rows to the daily totals (one transaction)."""
+        with self._tx() as cur:
+            cur.executemany(
+                "INSERT INTO usage_daily(day, key, status, requests, prompt_tokens, "
+                "completion_tokens) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(day, key, status) DO UPDATE SET "
+                "requests = requests + excluded.requests, "
+                "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
+                "completion_tokens = completion_tokens + excluded.completion_tokens",
+                [
+                    (r.day, r.key, r.status, r.requests, r.prompt_tokens, r.completion_tokens)
+                    for r in rows
+                ],
+            )
+
+    def usage(self, from_day: str, to_day: str) -> list[UsageRow]:
+        """The daily totals from from_day to to_day (ISO dates, both included)."""
+        rows = self._query(
+            "SELECT day, key, status, requests, prompt_tokens, completion_tokens "
+            "FROM usage_daily WHERE day >= ? AND day <= ? ORDER BY day, key, status",
+            (from_day, to_day),
+        )
+        return [UsageRow(*row) for row in rows]
 
     def meta(self, key: str) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key=?", (key,))

@@ -395,7 +395,7 @@ async def test_thermal_fault_derates_then_recovers(tmp_path: Path, monkeypatch):
 async def test_jobs_api_runs_recalibrate_and_restart(h: Harness, tmp_path: Path):
     r = await h.client.get("/admin/jobs", headers=h.admin())
     jobs = {j["name"]: j for j in (await r.json())["jobs"]}
-    assert set(jobs) == {"restart", "benchmark", "recalibrate", "predictor"}
+    assert set(jobs) == {"restart", "benchmark", "recalibrate", "predictor", "audit_prune"}
     assert jobs["restart"]["next_run"] and jobs["restart"]["cron"] == "0 3 * * sun"
     r = await h.client.post("/admin/jobs/nope/run", headers=h.admin())
     assert r.status == 404
@@ -403,8 +403,12 @@ async def test_jobs_api_runs_recalibrate_and_restart(h: Harness, tmp_path: Path)
         r = await h.client.post(f"/admin/jobs/{name}/run", headers=h.admin())
         assert r.status == 202
         for _ in range(300):
-            info = {j["name"]: j for j in
-                    (await (await h.client.get("/admin/jobs", headers=h.admin())).json())["jobs"]}
+            info = {
+                j["name"]: j
+                for j in (await (await h.client.get("/admin/jobs", headers=h.admin())).json())[
+                    "jobs"
+                ]
+            }
             if info[name]["history"] and info[name]["history"][0]["outcome"] != "running":
                 break
             await asyncio.sleep(0.02)

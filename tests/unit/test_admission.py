@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from appliance.config import AdmissionConfig, LaneConfig
+from appliance.domain.api_keys import KeySpec
 from appliance.errors import Overloaded
-from appliance.services.admission import AdmissionQueue, Claimant, DeadlineExceeded, Lane
+from appliance.services.admission import AdmissionQueue, DeadlineExceeded, Lane
 
 
 class ManualClock:
@@ -291,8 +292,12 @@ async def test_derate_scales_the_limit_and_protect_admits_realtime_only():
         q.set_derate(0)
 
 
+def _key(name: str, concurrency_share: float | None = None) -> KeySpec:
+    return KeySpec(name, Lane.REALTIME, concurrency_share=concurrency_share)
+
+
 async def _hold_as(
-    q: AdmissionQueue, who: Claimant, order: list[str], name: str, release: asyncio.Event
+    q: AdmissionQueue, who: KeySpec, order: list[str], name: str, release: asyncio.Event
 ) -> None:
     async with q.slot(Lane.INTERACTIVE, claimant=who):
         order.append(name)
@@ -301,7 +306,7 @@ async def _hold_as(
 
 async def test_keys_in_one_lane_take_turns_instead_of_first_come():
     q = _queue(limit=1, cap=16)
-    flood, other = Claimant("flood"), Claimant("other")
+    flood, other = _key("flood"), _key("other")
     order: list[str] = []
     gates = {name: asyncio.Event() for name in ["f0", "f1", "f2", "f3", "o0", "o1"]}
     tasks = [asyncio.create_task(_hold_as(q, flood, order, "f0", gates["f0"]))]
@@ -323,25 +328,16 @@ async def test_keys_in_one_lane_take_turns_instead_of_first_come():
 
 async def test_a_key_holds_no_more_than_its_share_and_others_go_past():
     q = _queue(limit=4, cap=16)
-    half = Claimant("half", concurrency_share=0.5)
+    half = _key("half", concurrency_share=0.5)
     order: list[str] = []
     gate = asyncio.Event()
     tasks = [asyncio.create_task(_hold_as(q, half, order, f"h{i}", gate)) for i in range(4)]
     await asyncio.sleep(0.01)
     assert q.in_flight == 2 and q.snapshot().running_by_key == {"half": 2}
     # Two slots are free and the half key waits at its share: another key takes them.
-    tasks += [
-        asyncio.create_task(_hold_as(q, Claimant("b"), order, f"b{i}", gate)) for i in range(2)
-    ]
+    tasks += [asyncio.create_task(_hold_as(q, _key("b"), order, f"b{i}", gate)) for i in range(2)]
     await asyncio.sleep(0.01)
     assert order == ["h0", "h1", "b0", "b1"] and q.queued() == 2
     gate.set()
     await asyncio.gather(*tasks)
     assert q.in_flight == 0 and q.snapshot().running_by_key == {}
-
-
-def test_a_share_never_locks_a_key_out():
-    assert Claimant("k", concurrency_share=0.01).cap(4) == 1
-    assert Claimant("k", concurrency_share=0.5).cap(5) == 3
-    assert Claimant("k", concurrency_share=1.0).cap(7) == 7
-    assert Claimant("k").cap(7) is None
