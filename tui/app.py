@@ -22,6 +22,7 @@ from tui.screens.dashboard import DashboardScreen
 from tui.screens.events import EventsScreen
 from tui.screens.help import HelpScreen
 from tui.screens.maintenance import MaintenanceScreen
+from tui.screens.usage import UsageScreen
 from tui.view_state import Link, Model
 
 DEFAULT_REFRESH_S = 2.0
@@ -39,6 +40,7 @@ class ApplianceTui(App[int]):
         "controls": ControlsScreen,
         "maintenance": MaintenanceScreen,
         "benchmarks": BenchmarksScreen,
+        "usage": UsageScreen,
     }
     DEFAULT_MODE = "dashboard"
     ENABLE_COMMAND_PALETTE = False
@@ -48,6 +50,7 @@ class ApplianceTui(App[int]):
         Binding("c", "switch_mode('controls')", "Ctrl"),
         Binding("j", "switch_mode('maintenance')", "Jobs"),
         Binding("b", "switch_mode('benchmarks')", "Bench"),
+        Binding("u", "switch_mode('usage')", "Usage"),
         # Shown on the Controls screen and in help; the footer has to fit 80 columns.
         Binding("p", "engine('pause')", "Pause", show=False),
         Binding("r", "engine('resume')", "Resume", show=False),
@@ -237,6 +240,18 @@ class ApplianceTui(App[int]):
             self.model.benchmarks, self.model.benchmarks_error = found, None
         except AdminError as exc:
             self.model.benchmarks, self.model.benchmarks_error = None, exc.message
+        self.refresh_view()
+
+    def load_usage(self) -> None:
+        """Fetch /admin/keys and /admin/usage in a worker and redraw."""
+        self.run_worker(self._load_usage, group="usage", exclusive=True, exit_on_error=False)
+
+    async def _load_usage(self) -> None:
+        try:
+            self.model.keys = await self.client.keys()
+            self.model.usage, self.model.usage_error = await self.client.usage(), None
+        except AdminError as exc:
+            self.model.usage_error = exc.message
         self.refresh_view()
 
     def action_poll_now(self) -> None:

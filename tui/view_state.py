@@ -87,6 +87,9 @@ class Model:
         self.jobs_error: str | None = None
         self.benchmarks: dict[str, Any] | None = None
         self.benchmarks_error: str | None = None
+        self.usage: dict[str, Any] | None = None  # /admin/usage
+        self.keys: dict[str, Any] | None = None  # /admin/keys
+        self.usage_error: str | None = None
 
     def ingest_status(self, status: dict[str, Any]) -> None:
         """Take a /admin/status snapshot: GPU histories and any events not seen yet."""

@@ -23,8 +23,11 @@ from appliance.api.keys import SERVICES
 from appliance.client import AdminClient, find_daemon, read_token_file
 from appliance.config import parse_config
 from appliance.daemon.app import build_app as build_daemon
+from appliance.domain.api_keys import KeySpec
+from appliance.domain.lanes import Lane
 from appliance.domain.sweep_analysis import SweepPoint, find_knee, pareto_front, weighted_score
 from appliance.services.container import Services
+from appliance.services.key_store import KeyStore
 from bench.servers import free_port
 from tests.fakes import FakeEngine, WordTokenizer
 from tui.app import ApplianceTui, build_app
@@ -265,6 +268,41 @@ async def test_maintenance_and_benchmarks_screens(live: Live) -> None:
         await until(pilot, lambda: app.model.benchmarks is not None)
         await pilot.press("d")
         assert "READY" in text(app.screen.query_one("#engine-state"))
+
+
+async def test_usage_screen_shows_each_key_live(live: Live) -> None:
+    store = KeyStore(live.svc.store.path)
+    secret = store.add(KeySpec("team-a", Lane.INTERACTIVE, requests_per_min=60))
+    store.close()
+    app = tui(live.client())
+    async with app.run_test(size=(100, 24)) as pilot:
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("u")
+        await until(pilot, lambda: app.model.keys is not None and app.model.keys["keys"])
+        async with aiohttp.ClientSession() as s:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            headers = {"Authorization": f"Bearer {secret}"}
+            for _ in range(2):
+                async with s.post(
+                    live.url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    assert r.status == 200, await r.text()
+            async with s.post(live.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 401
+        table = app.screen.query_one("#usage-table", DataTable)
+
+        def row_of(key: str) -> list[str]:
+            for i in range(table.row_count):
+                row = [str(c) for c in table.get_row_at(i)]
+                if row[0] == key:
+                    return row
+            return []
+
+        # The screen refetches while it shows: the two answered and the refused call appear.
+        await until(pilot, lambda: row_of("team-a")[5:7] == ["2", "0"])
+        assert row_of("team-a")[1:3] == ["interactive", "60 rpm"]
+        await until(pilot, lambda: row_of("-")[5:7] == ["1", "1"])
+        assert "team-a" in text(app.screen.query_one("#usage-bars"))
 
 
 async def test_run_a_job_now_through_the_confirmation(live: Live) -> None:

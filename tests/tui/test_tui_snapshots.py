@@ -138,6 +138,64 @@ BENCH = {
 }
 
 
+USAGE = {
+    "from": "2026-11-28",
+    "to": "2026-12-04",
+    "keys": [
+        {
+            "key": "chat-app",
+            "requests": 1840,
+            "answered": 1822,
+            "prompt_tokens": 412000,
+            "completion_tokens": 150300,
+            "by_status": {"ok": 1800, "deadline": 22, "rate_limited": 18},
+        },
+        {
+            "key": "nightly-batch",
+            "requests": 310,
+            "answered": 306,
+            "prompt_tokens": 980000,
+            "completion_tokens": 61000,
+            "by_status": {"ok": 306, "forbidden": 4},
+        },
+        {
+            "key": "-",
+            "requests": 3,
+            "answered": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "by_status": {"unauthorized": 3},
+        },
+    ],
+    "days": [],
+}
+KEYS = {
+    "open": False,
+    "keys": [
+        {
+            "name": "chat-app",
+            "lanes": ["interactive", "batch"],
+            "requests_per_min": 120,
+            "tokens_per_min": 60000,
+            "concurrency_share": 0.5,
+            "weight": 2,
+            "running": 3,
+            "queued": 1,
+        },
+        {
+            "name": "nightly-batch",
+            "lanes": ["batch"],
+            "requests_per_min": None,
+            "tokens_per_min": None,
+            "concurrency_share": 0.25,
+            "weight": 1,
+            "running": 2,
+            "queued": 14,
+        },
+    ],
+}
+
+
 class StubClient:
     """The interface of appliance.client.AdminClient, answering fixed data (snapshots only)."""
 
@@ -167,6 +225,12 @@ class StubClient:
 
     async def benchmarks(self) -> dict[str, Any]:
         return copy.deepcopy(BENCH)
+
+    async def usage(self, from_day: str | None = None, to_day: str | None = None) -> dict[str, Any]:
+        return copy.deepcopy(USAGE)
+
+    async def keys(self) -> dict[str, Any]:
+        return copy.deepcopy(KEYS)
 
     async def inject_fault(self, body: dict[str, Any]) -> dict[str, Any]:
         return {}
@@ -236,6 +300,15 @@ def test_benchmarks(snap_compare: Any) -> None:
     async def before(pilot: Pilot[Any]) -> None:
         await with_history(pilot)
         await pilot.press("b")
+        await pilot.pause(0.2)
+
+    assert snap_compare(make_app(), terminal_size=(100, 24), run_before=before)
+
+
+def test_usage(snap_compare: Any) -> None:
+    async def before(pilot: Pilot[Any]) -> None:
+        await with_history(pilot)
+        await pilot.press("u")
         await pilot.pause(0.2)
 
     assert snap_compare(make_app(), terminal_size=(100, 24), run_before=before)

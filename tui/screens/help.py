@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 HELP = """\
-[b]Screens[/]   d dashboard   e events   c controls   j maintenance jobs   b benchmarks
+[b]Screens[/]   d dashboard  e events  c controls  j jobs  b benchmarks  u usage per key
 [b]Engine[/]    p pause admission   r resume   R graceful restart (asks first)
 [b]Events[/]    / filter by kind or words (e.g. thermal), enter or escape to leave it
 [b]Jobs[/]      enter on a job: run it now (asks first)
@@ -19,7 +19,8 @@ HELP = """\
 
 Live updates come from /admin/events (SSE); /admin/status is polled as well.
 When the daemon is down a red banner says so and the console reconnects by itself.
-The admin token: --token-file, else $APPLIANCE_ADMIN_TOKEN, else ./state/admin.token.
+The admin token: --token-file, else $APPLIANCE_ADMIN_TOKEN, else the daemon's config
+(state_dir/admin.token, with the config found as `appliance serve` finds it).
 """
 
 
