@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from appliance.commands._config import load_for
+from appliance.commands._subparsers import add_command, add_group
 from appliance.config import Config
 from appliance.services.audit_log import read_records
 
@@ -26,10 +27,11 @@ TIME_FORMAT = "ISO 8601: 2026-01-31, 2026-01-31T14:00, 2026-01-31T14:00:00+01:00
 
 def register(sub: Any) -> None:
     """Add `audit export [--config PATH] [--from T] [--to T] [--out FILE]`."""
-    audit_p = sub.add_parser("audit", help="the audit log of requests")
-    audit_sub = audit_p.add_subparsers(dest="audit_command", required=True)
-    p = audit_sub.add_parser(
+    audit_sub = add_group(sub, "audit", "the audit log of requests")
+    p = add_command(
+        audit_sub,
         "export",
+        run_export,
         help="write the audit records as JSON lines, oldest first",
         description="Write the audit records that arrived in [--from, --to) as JSON lines, one "
         "record a line, oldest first. A date alone means the whole day: --from 2026-01-01 "
@@ -39,7 +41,6 @@ def register(sub: Any) -> None:
     p.add_argument("--from", dest="from_s", type=start_s, metavar="TIME", help=TIME_FORMAT)
     p.add_argument("--to", dest="to_s", type=end_s, metavar="TIME", help=TIME_FORMAT)
     p.add_argument("--out", type=Path, help="write to this file (whole or not at all)")
-    p.set_defaults(func=run_export)
 
 
 def audit_path(cfg: Config) -> Path:

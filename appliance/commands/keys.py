@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.commands._config import load_for
+from appliance.commands._subparsers import add_command, add_group
 from appliance.domain.api_keys import InvalidKeySpec, KeySpec
 from appliance.domain.lanes import LANE_NAMES, Lane
 from appliance.services.key_store import KeyExists, KeyInfo, KeyStore
@@ -32,11 +33,12 @@ _FLAGS = {
 
 
 def register(sub: Any) -> None:
-    """Add `keys add NAME ...`, `keys list [--json] [--all]` and `keys revoke NAME`."""
-    keys_p = sub.add_parser("keys", help="API keys: lanes, per-minute limits, share")
-    keys_sub = keys_p.add_subparsers(dest="keys_command", required=True)
-
-    p = keys_sub.add_parser("add", help="make a key; its secret is printed once")
+    """Add `keys add NAME ...`, `keys list [--json] [--all]`, `keys revoke NAME` and
+    `keys purge`."""
+    keys_sub = add_group(sub, "keys", "API keys: lanes, per-minute limits, share")
+    p = add_command(
+        keys_sub, "add", run_add, _add_config, help="make a key; its secret is printed once"
+    )
     p.add_argument("name", help="a-z 0-9 _ . - (up to 64), starting with a letter or digit")
     p.add_argument(
         "--lanes",
@@ -51,19 +53,22 @@ def register(sub: Any) -> None:
     p.add_argument("--tpm", type=int, help="tokens per minute (none: no limit)")
     p.add_argument("--share", type=float, help="share of the concurrency limit, in (0, 1]")
     p.add_argument("--weight", type=int, default=1, help="fairness weight in a lane (1-100)")
-    _add_config(p)
-    p.set_defaults(func=run_add)
-
-    p = keys_sub.add_parser("list", help="the keys (prefix only, never the secret)")
+    p = add_command(
+        keys_sub, "list", run_list, _add_config, help="the keys (prefix only, never the secret)"
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--all", action="store_true", help="revoked keys too")
-    _add_config(p)
-    p.set_defaults(func=run_list)
-
-    p = keys_sub.add_parser("revoke", help="revoke a key (refused within a second)")
+    p = add_command(
+        keys_sub, "revoke", run_revoke, _add_config, help="revoke a key (refused within a second)"
+    )
     p.add_argument("name")
-    _add_config(p)
-    p.set_defaults(func=run_revoke)
+    add_command(
+        keys_sub,
+        "purge",
+        run_purge,
+        _add_config,
+        help="forget revoked keys; with none active left, /v1 is open again",
+    )
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
@@ -141,6 +146,23 @@ def run_revoke(args: argparse.Namespace) -> int:
     if not done:
         return _fail(f"no active key named {args.name!r} (see `appliance keys list`)", status=1)
     print(f"key {args.name!r} revoked; a running daemon refuses it within a second")
+    return 0
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    """Forget the revoked keys; say when that leaves /v1 open to everyone."""
+    store = _store(args)
+    try:
+        forgotten = store.purge_revoked()
+        open_now = not store.ever_had_keys()
+    finally:
+        store.close()
+    print(f"{forgotten} revoked key(s) forgotten")
+    if open_now:
+        print(
+            "no keys left: /v1 is open to anyone who reaches the port (as before any key); "
+            "a running daemon opens within a second"
+        )
     return 0
 
 

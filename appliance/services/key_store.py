@@ -161,6 +161,16 @@ class KeyStore:
             cur.execute("UPDATE api_keys_version SET version = version + 1")
         return True
 
+    def purge_revoked(self) -> int:
+        """Forget the revoked keys; how many. With no key left at all the registry is open
+        again, as before the first key (that is the operator's way back to open mode)."""
+        with self._tx() as cur:
+            cur.execute("DELETE FROM api_keys WHERE revoked_s IS NOT NULL")
+            forgotten = cur.rowcount
+            if forgotten:
+                cur.execute("UPDATE api_keys_version SET version = version + 1")
+        return forgotten
+
     def list(self, include_revoked: bool = False) -> list[KeyInfo]:
         """The keys, oldest first; active ones only unless include_revoked."""
         where = "" if include_revoked else "WHERE revoked_s IS NULL"

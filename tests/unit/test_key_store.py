@@ -214,3 +214,19 @@ async def test_watch_sees_another_connections_revoke_within_a_second(db: Path):
         watcher.cancel()
         with pytest.raises(asyncio.CancelledError):
             await watcher
+
+
+def test_purging_the_revoked_keys_opens_the_registry_again(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "appliance.db")
+    store.add(KeySpec("a", Lane.BATCH))
+    keep = store.add(KeySpec("b", Lane.BATCH))
+    registry = KeyRegistry(store)
+    assert store.revoke("a") and store.purge_revoked() == 1
+    registry.refresh()
+    assert not registry.open and registry.authenticate(f"Bearer {keep}").name == "b"
+    assert store.revoke("b")
+    registry.refresh()
+    assert not registry.open  # revoked, not forgotten: still a closed box
+    assert store.purge_revoked() == 1 and store.purge_revoked() == 0
+    registry.refresh()
+    assert registry.open and registry.authenticate(None).name == "anonymous"

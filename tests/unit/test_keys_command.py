@@ -155,3 +155,15 @@ def test_argparse_errors_exit_2_naming_the_flag(
         run(config, *argv)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_purge_says_when_the_api_is_open_again(
+    config: Path, capsys: pytest.CaptureFixture[str]
+):
+    _add(config, capsys, "carol", "--lanes", "batch")
+    assert run(config, "revoke", "carol") == 0
+    capsys.readouterr()
+    assert run(config, "purge") == 0
+    out = capsys.readouterr().out
+    assert "1 revoked key(s) forgotten" in out and "open to anyone" in out
+    assert KeyRegistry(_store(config)).open
