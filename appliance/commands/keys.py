@@ -126,7 +126,7 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps([_as_dict(i) for i in infos], indent=2))
         return 0
     if not infos:
-        print("no keys: the API is open (loopback only, as without keys)")
+        print("no keys: /v1 is open to anyone who can reach the port (see README, Sharing the box)")
         return 0
     header = ("name", "key", "lanes", "rpm", "tpm", "share", "weight", "created", "revoked")
     rows = [header, *(_row(i) for i in infos)]
