@@ -89,3 +89,20 @@ async def test_thresholds_list_and_rollback(
     assert "HTTP 409" in capsys.readouterr().err
     assert await asyncio.to_thread(_cli, h, tmp_path, "thresholds", "list", "--json") == 0
     assert json.loads(capsys.readouterr().out)["active"]["source"] == "config"
+
+
+async def test_usage_per_key_and_a_bad_day(
+    h: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    for _ in range(2):
+        assert (await h.client.post("/v1/chat/completions", json=_chat())).status == 200
+    assert await asyncio.to_thread(_cli, h, tmp_path, "usage") == 0
+    out = capsys.readouterr().out
+    [row] = [line.split() for line in out.splitlines() if line.startswith("anonymous")]
+    # key, requests, answered, prompt tokens, output tokens (4 each), other statuses
+    assert row[1:3] == ["2", "2"] and row[4] == "8" and row[5] == "-"
+    assert await asyncio.to_thread(_cli, h, tmp_path, "usage", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["keys"][0]["by_status"] == {"ok": 2}
+    assert await asyncio.to_thread(_cli, h, tmp_path, "usage", "--from", "last-week") == 1
+    assert "from: must be a date as YYYY-MM-DD" in capsys.readouterr().err
