@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from appliance.services.sqlite_db import SqliteDb
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -184,66 +186,49 @@ class AuditFile:
     """The audit SQLite file: schema, batched inserts, retention. Thread-safe (one lock)."""
 
     def __init__(self, path: Path, max_size_mib: int | None = None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
-        # One connection, used from the writer's worker threads in turn under the lock.
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # One connection, used from the writer's worker threads in turn under its lock.
+        self._sql = SqliteDb(path, _SCHEMA)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode: a power cut may lose the last batches, never corrupt.
-            self._db.execute("PRAGMA synchronous=NORMAL")
             if max_size_mib is not None:
                 self.set_max_size_mib(max_size_mib)
-            self._db.executescript(_SCHEMA)
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
+            with self._sql.tx() as cur:
+                cur.execute(
+                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
         except BaseException:
-            self._db.close()
+            self._sql.close()
             raise
 
     def set_max_size_mib(self, max_size_mib: int) -> None:
         """Cap the database at about this size (never below what it holds now)."""
-        with self._lock:
-            page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
-            pages = max(1, max_size_mib * MIB // page_size)
-            self._db.execute(f"PRAGMA max_page_count={pages}")
+        page_size = int(self._sql.query("PRAGMA page_size")[0][0])
+        pages = max(1, max_size_mib * MIB // page_size)
+        self._sql.query(f"PRAGMA max_page_count={pages}")
 
     def insert(self, rows: Iterable[Row]) -> int:
         """Insert the rows in one transaction (all or none); how many."""
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                cur.executemany(_INSERT, rows)
-                count = cur.rowcount
-                cur.execute("COMMIT")  # in WAL mode the frames are written here: it may fail too
-            except BaseException:
-                # SQLite may have rolled back already (a full disk does): then nothing to undo.
-                if self._db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        cur.execute("ROLLBACK")
-                raise
-            return count
+        with self._sql.tx() as cur:
+            cur.executemany(_INSERT, rows)
+            return cur.rowcount
 
     def delete_before(self, cutoff_s: float) -> int:
         """Delete the records that arrived before cutoff_s, a chunk per transaction."""
         deleted = 0
         while True:
-            with self._lock:
-                cur = self._db.execute(
+            with self._sql.tx() as cur:
+                cur.execute(
                     "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_s < ? LIMIT ?)",
                     (cutoff_s, PRUNE_CHUNK_ROWS),
                 )
-            deleted += cur.rowcount
-            if cur.rowcount < PRUNE_CHUNK_ROWS:
+                count = cur.rowcount
+            deleted += count
+            if count < PRUNE_CHUNK_ROWS:
                 return deleted
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
 
 def read_records(

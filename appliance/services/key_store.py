@@ -16,16 +16,15 @@ import hmac
 import logging
 import secrets
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.domain.api_keys import ANONYMOUS, KeySpec
 from appliance.domain.lanes import Lane
 from appliance.errors import ApplianceError, Unauthorized
+from appliance.services.sqlite_db import SqliteDb
 
 log = logging.getLogger("appliance.keys")
 
@@ -90,35 +89,19 @@ class KeyStore:
     """The api_keys table of a SQLite file (WAL); its own connection, thread-safe."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        # Another writer (the daemon's StateStore, or the CLI) may hold the file briefly.
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        # busy_timeout (SqliteDb's): another writer, the daemon's StateStore or the CLI,
+        # may hold the file briefly.
+        self._sql = SqliteDb(path, _SCHEMA)
 
     def close(self) -> None:
         """Close the connection."""
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Cursor]:
+    def _tx(self) -> AbstractContextManager[sqlite3.Cursor]:
         # BEGIN IMMEDIATE: the write lock is taken up front, so the version bump and the
         # change commit together or not at all.
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
+        return self._sql.tx()
 
     def add(self, spec: KeySpec) -> str:
         """Store a new key; returns its secret, which is not kept and cannot be shown again."""
@@ -174,34 +157,30 @@ class KeyStore:
     def list(self, include_revoked: bool = False) -> list[KeyInfo]:
         """The keys, oldest first; active ones only unless include_revoked."""
         where = "" if include_revoked else "WHERE revoked_s IS NULL"
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_SPEC_COLUMNS}, prefix, created_s, revoked_s FROM api_keys {where} "
-                "ORDER BY id"
-            ).fetchall()
+        rows = self._sql.query(
+            f"SELECT {_SPEC_COLUMNS}, prefix, created_s, revoked_s FROM api_keys {where} "
+            "ORDER BY id"
+        )
         return [KeyInfo(_spec_of(r[:7]), r[7], r[8], r[9]) for r in rows]
 
     def credentials(self) -> list[tuple[str, KeySpec]]:
         """(sha256 hex, spec) of every active key: for the registry only, never for output."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT sha256, {_SPEC_COLUMNS} FROM api_keys WHERE revoked_s IS NULL ORDER BY id"
-            ).fetchall()
+        rows = self._sql.query(
+            f"SELECT sha256, {_SPEC_COLUMNS} FROM api_keys WHERE revoked_s IS NULL ORDER BY id"
+        )
         return [(r[0], _spec_of(r[1:])) for r in rows]
 
     def ever_had_keys(self) -> bool:
         """True once any key was added, revoked ones included."""
-        with self._lock:
-            return bool(self._db.execute("SELECT EXISTS (SELECT 1 FROM api_keys)").fetchall()[0][0])
+        return bool(self._sql.query("SELECT EXISTS (SELECT 1 FROM api_keys)")[0][0])
 
     def version(self) -> int:
         """A counter that every add and revoke (from any connection) moves on."""
         # A counter row rather than PRAGMA data_version: the file is shared with the state
         # store, whose frequent writes would move data_version without any key changing.
-        with self._lock:
-            # fetchall, not fetchone: a statement left unfinished keeps its read transaction
-            # open, and with it the old snapshot of the file.
-            rows = self._db.execute("SELECT version FROM api_keys_version WHERE id = 0").fetchall()
+        # query() fetches all: a statement left unfinished would keep its read transaction
+        # open, and with it the old snapshot of the file.
+        rows = self._sql.query("SELECT version FROM api_keys_version WHERE id = 0")
         return int(rows[0][0])
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from appliance.services.sqlite_db import SqliteDb
 
 SCHEMA_VERSION = 1
 
@@ -74,17 +74,9 @@ class StateStore:
     """Thread-safe access to appliance.db; small synchronous transactions."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
-        # One connection shared under a lock: writes are tiny and rare (seconds apart).
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a power cut may lose the last transactions, never corrupt.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        # executescript manages its own transaction (it commits first), so not inside _tx.
-        self._db.executescript(_SCHEMA)
+        self._sql = SqliteDb(path, _SCHEMA)
+        self._sql.conn.execute("PRAGMA foreign_keys=ON")
         with self._tx() as cur:
             cur.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
@@ -97,26 +89,14 @@ class StateStore:
                 (time.time(),),
             )
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Cursor]:
+        return self._sql.tx()
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return list(self._db.execute(sql, args))
+        return self._sql.query(sql, args)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._sql.close()
 
     # -- events ----------------------------------------------------------------------
 
