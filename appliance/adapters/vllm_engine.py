@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import gc
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import AsyncIterator
@@ -275,15 +279,17 @@ class VllmEngine:
         return list(self._children)
 
     async def shutdown(self) -> None:
-        """Stop the engine core processes; wait until they are gone."""
+        """Stop the engine core processes; wait until they are gone; let go of everything
+        the engine held, so a restart costs no memory and no open file."""
         if self._llm is None:
             return
         llm, self._llm = self._llm, None
+        self._frontend = None
         await asyncio.to_thread(llm.shutdown)
-        _, alive = await asyncio.to_thread(_wait_pids, self._children, 10.0)
-        for proc in alive:
-            log.warning("engine child still alive after shutdown; killing", extra={"pid": proc.pid})
-            proc.kill()
+        await asyncio.to_thread(_reap, self._children, 10.0)
+        _forget_engine_memos()
+        gc.collect()
+        _give_memory_back()
 
 
 def _is_resource_tracker(proc: psutil.Process) -> bool:
@@ -293,13 +299,54 @@ def _is_resource_tracker(proc: psutil.Process) -> bool:
         return False
 
 
-def _wait_pids(
-    pids: list[int], timeout_s: float
-) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
+def _reap(pids: list[int], timeout_s: float) -> None:
+    """Wait for the engine's processes to exit, killing any that will not.
+
+    The engine core processes are multiprocessing children: they are joined through
+    multiprocessing. Reaping them any other way (waitpid through psutil) takes their exit
+    status from multiprocessing, which then keeps them in its list of live children
+    forever, each with its sentinel pipe open: two open files per restart. Joined, they
+    leave that list, and the pipe closes with the process object (not closed here: vLLM's
+    liveness thread may still be watching it for a second)."""
+    mine = set(pids)
+    for proc in multiprocessing.active_children():
+        if proc.pid not in mine:
             continue
-    return psutil.wait_procs(procs, timeout=timeout_s)
+        mine.discard(proc.pid)
+        proc.join(timeout_s)
+        if proc.exitcode is None:
+            log.warning(
+                "engine process still alive after shutdown; killing", extra={"pid": proc.pid}
+            )
+            proc.kill()
+            proc.join(timeout_s)
+    # Anything else the engine started (not a multiprocessing child of ours).
+    others = []
+    for pid in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            others.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(others, timeout=timeout_s)
+    for proc in alive:
+        log.warning("engine child still alive after shutdown; killing", extra={"pid": proc.pid})
+        proc.kill()
+
+
+def _give_memory_back() -> None:
+    """Hand the freed heap back to the OS (glibc keeps it in its arenas otherwise): the old
+    engine's tokenizers and serving objects are tens of MiB, and a daemon that restarts
+    weekly, or whose engine flaps, must not look bigger after each restart."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _forget_engine_memos() -> None:
+    """Clear vLLM's memo of which callables take which keyword. It is keyed by function, and
+    every engine start makes new functions (the renderer's thread-safe tokenizer pool is a
+    class defined per start, its methods closing over deep copies of the tokenizer): the
+    memo would keep every old engine's tokenizers alive, tens of MiB per restart. It is a
+    pure cache, rebuilt on the next call."""
+    try:
+        from vllm.utils.func_utils import _supports_kw
+    except ImportError:  # another vLLM version: nothing of this kind to clear
+        return
+    _supports_kw.cache_clear()
