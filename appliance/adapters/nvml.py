@@ -50,6 +50,15 @@ PYNVML_MISSING = "pynvml (nvidia-ml-py) is not installed"
 InitFailure = Literal["no_library", "no_driver", "no_permission", "error"]
 _XID_EVENT_BIT = 0x8  # nvmlEventTypeXidCriticalError
 _XID_DRAIN_MAX = 256  # events read per sample at most, so a storm cannot stall sampling
+# (GpuSample field, pynvml error type, pynvml counter type) for each ECC count.
+_ECC_COUNTERS = (
+    ("ecc_corrected_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+    ("ecc_uncorrected_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+    ("ecc_corrected_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
+    ("ecc_uncorrected_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
+)
+_NVLINK_RATE_FIELDS = ("nvlink_tx_kb_s", "nvlink_rx_kb_s", "nvlink_util_pct")
+_ALL_LINKS = 0xFFFFFFFF  # a field's scopeId: the sum over every link
 # FieldValue.valueType -> the c_nvmlValue_t member holding the value.
 _VALUE_MEMBERS = {
     0: "dVal",
@@ -172,6 +181,11 @@ def _mask_ok(v: float) -> bool:
     return 0 <= v < 2**64
 
 
+def _link_speed_ok(v: float) -> bool:
+    # MB/s per link and direction: NVLink 1-5 run 20,000-100,000.
+    return 1_000 <= v < 1_000_000
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -188,6 +202,8 @@ class _Gpu:
     pcie_invalid: frozenset[str] = frozenset()
     xid_registered: bool = False
     xid_count: int = 0
+    nvlink_kib: tuple[float, float] | None = None  # the last TX/RX counters read
+    nvlink_at_s: float | None = None  # when (monotonic)
 
 
 def _text(v: Any) -> str:
@@ -640,6 +656,7 @@ class NvmlTelemetry:
             )
         out["pcie_tx_kb_s"], out["pcie_rx_kb_s"] = self._pcie_throughput(g, bad)
         out["nvlink_active"] = self._nvlink_active(g, bad)
+        out.update(self._nvlink_throughput(g, bad, out["nvlink_active"]))
         return out
 
     def _read_health(self, g: _Gpu, bad: set[str]) -> dict[str, Any]:
@@ -647,28 +664,37 @@ class NvmlTelemetry:
         mask = self._read(
             g, bad, "throttle_reasons", lambda: self._reasons_mask(g), _mask_ok, as_int=True
         )
-        ecc = self._read(
-            g,
-            bad,
-            "ecc_errors",
-            lambda: nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-            ),
-            _count_ok,
-            as_int=True,
-        )
-        return {"throttle_reasons": _reason_names(mask), "ecc_errors": ecc}
+        out: dict[str, Any] = {"throttle_reasons": _reason_names(mask)}
+        # Four counters, each on its own: a board may keep one and not another (with ECC off
+        # NVML answers NotSupported for all four, which leaves them unsupported for good).
+        for name, kind, counter in _ECC_COUNTERS:
+            out[name] = self._read(
+                g,
+                bad,
+                name,
+                lambda kind=kind, counter=counter: nv.nvmlDeviceGetTotalEccErrors(
+                    h, getattr(nv, kind), getattr(nv, counter)
+                ),
+                _count_ok,
+                as_int=True,
+            )
+        return out
+
+    def _field_values(self, handle: Any, ids: list[Any]) -> list[Any]:
+        """Values from the field-values API; a field's own error code raises as NVMLError."""
+        nv = self._nv
+        out = []
+        for fv in nv.nvmlDeviceGetFieldValues(handle, ids):
+            ret = int(getattr(fv, "nvmlReturn", 0))
+            if ret != 0:
+                raise nv.NVMLError(ret)  # maps to the NVMLError_* subclass for that code
+            member = _VALUE_MEMBERS.get(int(getattr(fv, "valueType", 1)), "uiVal")
+            out.append(getattr(fv.value, member))
+        return out
 
     def _memory_temp(self, handle: Any) -> float:
         """HBM temperature through the field-values API (NVML_FI_DEV_MEMORY_TEMP)."""
-        nv = self._nv
-        values = nv.nvmlDeviceGetFieldValues(handle, [nv.NVML_FI_DEV_MEMORY_TEMP])
-        fv = values[0]
-        ret = int(getattr(fv, "nvmlReturn", 0))
-        if ret != 0:
-            raise nv.NVMLError(ret)  # maps to the NVMLError_* subclass for that code
-        member = _VALUE_MEMBERS.get(int(getattr(fv, "valueType", 1)), "uiVal")
-        return getattr(fv.value, member)
+        return self._field_values(handle, [self._nv.NVML_FI_DEV_MEMORY_TEMP])[0]
 
     def _reasons_mask(self, g: _Gpu) -> int:
         nv = self._nv
@@ -726,6 +752,48 @@ class NvmlTelemetry:
             active += 1 if int(state) else 0
         return active
 
+    def _nvlink_throughput(self, g: _Gpu, bad: set[str], active: int | None) -> dict[str, Any]:
+        """NVLink data rates from NVML's KiB counters summed over every link, and the busier
+        direction as a share of what the active links carry."""
+        out: dict[str, Any] = dict.fromkeys(_NVLINK_RATE_FIELDS)
+        if not g.nvlinks:
+            g.unsupported.update(_NVLINK_RATE_FIELDS)  # a PCIe-only board: nothing to read
+            return out
+        nv, h = self._nv, g.handle
+        raw = self._query(
+            g,
+            _NVLINK_RATE_FIELDS,
+            lambda: self._field_values(
+                h,
+                [
+                    (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+                    (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+                ],
+            ),
+            bad,
+        )
+        now, prev, prev_at = self._monotonic(), g.nvlink_kib, g.nvlink_at_s
+        g.nvlink_kib = None if raw is None else (float(raw[0]), float(raw[1]))
+        g.nvlink_at_s = now
+        rates = _rates(prev, prev_at, g.nvlink_kib, now)
+        if rates is None:
+            return out
+        out["nvlink_tx_kb_s"], out["nvlink_rx_kb_s"] = rates
+        speed_mbps = self._read(
+            g,
+            bad,
+            "nvlink_util_pct",
+            lambda: self._field_values(h, [nv.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON])[0],
+            _link_speed_ok,
+            static=True,
+        )
+        if speed_mbps and active:
+            busier_b_s = max(rates) * 1024
+            # The speed is per link and direction in 10^6 B/s; rounding in the counters can
+            # carry a saturated link a hair past 100 %.
+            out["nvlink_util_pct"] = min(100.0, 100.0 * busier_b_s / (active * speed_mbps * 1e6))
+        return out
+
     def _drain_xid_events(self) -> None:
         if self._event_set is None:
             return
@@ -751,6 +819,23 @@ class NvmlTelemetry:
                 continue
             g.xid_count += 1
             log.error("NVML: Xid %s on gpu%d (%s)", code, g.index, g.uuid)
+
+
+def _rates(
+    prev: tuple[float, float] | None,
+    prev_at_s: float | None,
+    now: tuple[float, float] | None,
+    now_s: float,
+) -> tuple[float, float] | None:
+    """Per-second rates of two counters read twice; None without two readings, or when a
+    counter went back (the driver reloaded) and has to start over."""
+    if prev is None or now is None or prev_at_s is None or now_s <= prev_at_s:
+        return None
+    deltas = (now[0] - prev[0], now[1] - prev[1])
+    if min(deltas) < 0:
+        return None
+    dt = now_s - prev_at_s
+    return deltas[0] / dt, deltas[1] / dt
 
 
 def _reason_names(mask: int | None) -> tuple[str, ...]:

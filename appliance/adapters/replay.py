@@ -63,7 +63,10 @@ _FIELD_MAP: dict[str, str] = {
     "pcie.link.gen.max": "pcie_gen_max",
     "pcie.link.width.current": "pcie_width",
     "pcie.link.width.max": "pcie_width_max",
-    "ecc.errors.uncorrected.volatile.total": "ecc_errors",
+    "ecc.errors.corrected.volatile.total": "ecc_corrected_volatile",
+    "ecc.errors.uncorrected.volatile.total": "ecc_uncorrected_volatile",
+    "ecc.errors.corrected.aggregate.total": "ecc_corrected_aggregate",
+    "ecc.errors.uncorrected.aggregate.total": "ecc_uncorrected_aggregate",
 }
 _INT_FIELDS = {
     "sm_clock_mhz",
@@ -74,7 +77,10 @@ _INT_FIELDS = {
     "pcie_gen_max",
     "pcie_width",
     "pcie_width_max",
-    "ecc_errors",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_aggregate",
+    "ecc_uncorrected_aggregate",
 }
 _UNIT_SCALE = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "b": 1, "w": 1, "mw": 1e-3}
 _MISSING = {"", "n/a", "[n/a]", "na", "-"}

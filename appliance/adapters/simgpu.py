@@ -4,6 +4,12 @@ Per GPU: power P = idle + (max - idle) * load; temperature T follows
 dT/dt = (ambient + R * P - T) / tau, integrated exactly over each interval between samples;
 energy is the integral of P. HBM reads core + offset. The thermal capacitance C = tau / R is
 held fixed, so a failed fan (R x k) also slows the response (tau x k), as on real hardware.
+
+The health counters move only with faults: `ecc_storm` adds corrected ECC errors at `factor`
+a second and an uncorrected one (with its Xid 48) at the start and each minute after; `xid`
+raises one Xid 31 event at the start and each minute after. Counters never go back when a fault
+is cleared, as NVML's do not. NVLink carries tensor-parallel traffic, so it is busy only when
+more than one GPU is simulated.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.config.telemetry import SimConfig, SimFaultConfig
@@ -28,6 +34,15 @@ _MEM_MHZ = 2619
 # Past the slowdown threshold real GPUs cut clocks and with them power; modelling that keeps
 # the simulated core from running away past the threshold, as hardware does.
 _SLOWDOWN_SCALE = 0.7
+# An SXM board of the H100 kind: 18 NVLink 4 links, 25 GB/s each way per link.
+_NVLINK_LINKS = 18
+_NVLINK_LINK_B_S = 25e9
+# Share of the links' capacity tensor-parallel all-reduces use at full load.
+_TP_NVLINK_SHARE = 0.45
+# Faults that raise events repeat them this often while they last.
+_EVENT_EVERY_S = 60.0
+_XID_DOUBLE_BIT_ECC = 48
+_XID_PAGE_FAULT = 31  # the `xid` fault's code: an MMU fault, the commonest on a serving box
 
 
 @dataclass
@@ -39,6 +54,7 @@ class _Fault:
     delta_c: float
     factor: float
     scripted: bool
+    fired: dict[int, int] = field(default_factory=dict)  # events raised so far, per GPU
 
     def active(self, gpu: int, now_s: float) -> bool:
         return (
@@ -47,6 +63,23 @@ class _Fault:
             and (self.end_s is None or now_s < self.end_s)
         )
 
+    def overlap_s(self, gpu: int, from_s: float, to_s: float) -> float:
+        """How long, of the interval [from_s, to_s], this fault held on `gpu`."""
+        if self.gpu is not None and self.gpu != gpu:
+            return 0.0
+        end = to_s if self.end_s is None else min(to_s, self.end_s)
+        return max(0.0, end - max(from_s, self.start_s))
+
+    def new_events(self, gpu: int, now_s: float) -> int:
+        """Events due by now_s (one at the start, then one each _EVENT_EVERY_S) not yet raised."""
+        if (self.gpu is not None and self.gpu != gpu) or now_s < self.start_s:
+            return 0
+        until = now_s if self.end_s is None else min(now_s, self.end_s)
+        due = 1 + int((until - self.start_s) // _EVENT_EVERY_S)
+        new = due - self.fired.get(gpu, 0)
+        self.fired[gpu] = due
+        return max(0, new)
+
 
 @dataclass
 class _GpuState:
@@ -54,6 +87,9 @@ class _GpuState:
     power_w: float
     energy_j: float
     last_s: float
+    ecc_corrected: float = 0.0
+    ecc_uncorrected: int = 0
+    xid_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,7 +149,7 @@ class SimGpu:
         factor: float = 2.0,
         duration_s: float | None = None,
     ) -> None:
-        """Start fault `name` now (hot_room, failed_fan, lost_gpu, hbm_hot); raises ValueError."""
+        """Start fault `name` now (one of FAULT_NAMES); raises ValueError."""
         spec = SimFaultConfig(
             name=name, gpu=gpu, delta_c=delta_c, factor=factor, duration_s=duration_s
         )
@@ -162,8 +198,10 @@ class SimGpu:
         with self._lock:
             now = self._clock()
             load = self._read_load()
+            out = [self._advance(i, g, now, load) for i, g in enumerate(self._gpus)]
+            # Dropped only now, so the errors an ended fault raised before its end still count.
             self._faults = [f for f in self._faults if f.end_s is None or f.end_s > now]
-            return [self._advance(i, g, now, load) for i, g in enumerate(self._gpus)]
+            return out
 
     def close(self) -> None:
         """Nothing to release; present for symmetry with the NVML adapter."""
@@ -225,6 +263,7 @@ class SimGpu:
             g.temp_c += (t_eq - g.temp_c) * (1.0 - math.exp(-dt / eff.time_constant_s))
             g.energy_j += p_mean * dt
         g.power_w = p_now
+        self._accrue_errors(index, g, now_s)
         g.last_s = now_s
         uuid = f"GPU-SIM-{index:08d}-0000-0000-0000-000000000000"
         name = f"{c.name} (SIMULATED)"
@@ -268,11 +307,50 @@ class SimGpu:
             pcie_width_max=16,
             pcie_tx_kb_s=round(2000.0 * load, 1),
             pcie_rx_kb_s=round(8000.0 * load, 1),
-            nvlink_active=0,
             throttle_reasons=reasons,
-            ecc_errors=0,
-            xid_errors=0,
+            xid_errors=g.xid_errors,
+            **self._nvlink(load),
+            **self._ecc(g),
         )
+
+    def _accrue_errors(self, index: int, g: _GpuState, now_s: float) -> None:
+        """Move the health counters by what the faults did since the last sample."""
+        for f in self._faults:
+            if f.name == "ecc_storm":
+                g.ecc_corrected += f.factor * f.overlap_s(index, g.last_s, now_s)
+                double_bit = f.new_events(index, now_s)
+                g.ecc_uncorrected += double_bit
+                self._raise_xid(index, g, double_bit, _XID_DOUBLE_BIT_ECC)
+            elif f.name == "xid":
+                self._raise_xid(index, g, f.new_events(index, now_s), _XID_PAGE_FAULT)
+
+    @staticmethod
+    def _raise_xid(index: int, g: _GpuState, count: int, code: int) -> None:
+        if count:
+            g.xid_errors += count
+            log.error("simulated Xid %d on gpu%d (%d event(s))", code, index, count)
+
+    def _nvlink(self, load: float) -> dict[str, Any]:
+        """Links up, their traffic and use: tensor parallelism talks over them, one GPU does not."""
+        share = _TP_NVLINK_SHARE * load if self.gpu_count > 1 else 0.0
+        kb_s = round(share * _NVLINK_LINKS * _NVLINK_LINK_B_S / 1024, 1)
+        return {
+            "nvlink_active": _NVLINK_LINKS,
+            "nvlink_tx_kb_s": kb_s,
+            "nvlink_rx_kb_s": kb_s,
+            "nvlink_util_pct": round(100.0 * share, 2),
+        }
+
+    @staticmethod
+    def _ecc(g: _GpuState) -> dict[str, int]:
+        """The simulated board starts clean, so its lifetime counts equal those since start."""
+        corrected = int(g.ecc_corrected)
+        return {
+            "ecc_corrected_volatile": corrected,
+            "ecc_uncorrected_volatile": g.ecc_uncorrected,
+            "ecc_corrected_aggregate": corrected,
+            "ecc_uncorrected_aggregate": g.ecc_uncorrected,
+        }
 
     def _noise(self) -> float:
         return self._rng.gauss(0.0, self._cfg.noise_c) if self._cfg.noise_c > 0 else 0.0

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from appliance.api.errors import Handler
 from appliance.api.keys import SERVICES
+from appliance.config.telemetry import FAULT_NAMES
 from appliance.errors import ApplianceError, BadRequest, Unauthorized
 from appliance.services.container import Services
 from appliance.services.supervisor import EngineState
@@ -239,9 +240,7 @@ async def post_fault(request: web.Request) -> web.Response:
     except ValueError:
         raise BadRequest("body: not valid JSON", param="body") from None
     if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-        raise BadRequest(
-            "name: required, one of hot_room, failed_fan, lost_gpu, hbm_hot", param="name"
-        )
+        raise BadRequest(f"name: required, one of {', '.join(FAULT_NAMES)}", param="name")
     kwargs = {k: body[k] for k in ("delta_c", "factor", "duration_s") if k in body}
     try:
         faults.set_fault(body["name"], body.get("gpu"), **kwargs)

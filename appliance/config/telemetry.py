@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -10,15 +10,17 @@ from appliance.config.section import Section, SectionProblems, policy_problems
 from appliance.domain.limits import InvariantError
 from appliance.domain.thermal import ThermalPolicyConfig
 
-FaultName = Literal["hot_room", "failed_fan", "lost_gpu", "hbm_hot"]
-FAULT_NAMES: tuple[str, ...] = ("hot_room", "failed_fan", "lost_gpu", "hbm_hot")
+FaultName = Literal["hot_room", "failed_fan", "lost_gpu", "hbm_hot", "ecc_storm", "xid"]
+FAULT_NAMES: tuple[str, ...] = get_args(FaultName)
 
 
 class SimFaultConfig(Section):
     """One scripted fault of the simulated GPU(s)."""
 
     # hot_room: ambient + delta_c; failed_fan: thermal resistance x factor;
-    # hbm_hot: HBM + delta_c over the core; lost_gpu: the GPU stops answering.
+    # hbm_hot: HBM + delta_c over the core; lost_gpu: the GPU stops answering;
+    # ecc_storm: corrected ECC errors at factor/s, an uncorrected one (Xid 48) each minute;
+    # xid: an Xid 31 event each minute.
     name: FaultName
     gpu: int | None = Field(None, ge=0, le=63)  # None: every simulated GPU
     start_s: float = Field(0.0, ge=0, le=30 * 86400)  # after the simulator starts

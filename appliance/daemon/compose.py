@@ -31,6 +31,7 @@ from appliance.services.quotas import Quotas
 from appliance.services.request_ledger import RequestLedger
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
+from appliance.services.target_metrics import TargetCollector
 from appliance.services.telemetry_loop import TelemetryLoop, build_telemetry
 from appliance.services.telemetry_metrics import TelemetryCollector
 from appliance.services.thresholds import LiveThresholds
@@ -92,6 +93,7 @@ def compose(
     )
     metrics.add_refresher(wiring.admission_metrics(metrics, admission, supervisor))
     metrics.add_collector(TelemetryCollector(telemetry_loop))
+    metrics.add_collector(TargetCollector(controller, cfg.admission.queue_capacity))
     return Services(
         config=cfg,
         model_name=served_model_name(cfg),

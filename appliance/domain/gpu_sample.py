@@ -59,9 +59,17 @@ class GpuSample:
     pcie_tx_kb_s: float | None = None
     pcie_rx_kb_s: float | None = None
     nvlink_active: int | None = None
+    # NVLink data over every link (KiB/s) across the last sampling interval, and the busier
+    # direction as a share of what the active links carry; None until two readings exist.
+    nvlink_tx_kb_s: float | None = None
+    nvlink_rx_kb_s: float | None = None
+    nvlink_util_pct: float | None = None
     throttle_reasons: tuple[str, ...] = ()
-    # Volatile uncorrected ECC errors (since the last driver load).
-    ecc_errors: int | None = None
+    # ECC error counts: volatile since the last driver load, aggregate over the board's life.
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
     # Critical Xid events seen since the adapter opened.
     xid_errors: int | None = None
     lost: bool = False

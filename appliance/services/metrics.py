@@ -19,6 +19,25 @@ from appliance.domain.lanes import LANE_NAMES
 # *_created series double the exposition for no operator value.
 disable_created_metrics()
 
+# Every status a request is accounted with (api/openai.py: _status_of, _status_of_outcome;
+# services/request_ledger.py: final_status), so each series exists before its first request.
+REQUEST_STATUSES = (
+    "ok",
+    "error",
+    "cancelled",
+    "deadline",
+    "deadline_queued",
+    "rejected",
+    "rate_limited",
+    "not_ready",
+    "unauthorized",
+    "forbidden",
+    "bad_request",
+)
+# Why the supervisor (re)starts an engine: an operator, the maintenance job, a dead engine.
+RESTART_CAUSES = ("manual", "maintenance", "engine_dead")
+DEADLINE_STAGES = ("queued", "generating")
+
 # Seconds; the CPU engine is slow, a GPU fast: the buckets span both.
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
@@ -86,7 +105,21 @@ class Metrics:
             registry=r,
         )
         self._gauges(r)
+        self._known_labels()
         self._refreshers: list[Callable[[], None]] = []
+
+    def _known_labels(self) -> None:
+        """Every known label set at zero from the start: increase() and rate() see the first
+        event only when the series existed before it, and a rule sees the series at all."""
+        for status in REQUEST_STATUSES:
+            self.requests_total.labels(status)
+        for lane in LANE_NAMES:
+            self.queue_depth.labels(lane)
+            self.queue_wait_seconds.labels(lane)
+            for stage in DEADLINE_STAGES:
+                self.deadline_expired_total.labels(lane, stage)
+        for cause in RESTART_CAUSES:
+            self.engine_restarts_total.labels(cause)
 
     def _gauges(self, r: CollectorRegistry) -> None:
         """The gauges a refresher copies live state into before each scrape."""
@@ -111,8 +144,6 @@ class Metrics:
         self.engine_waiting = Gauge(
             "appliance_engine_waiting_requests", "Requests the engine scheduler holds", registry=r
         )
-        for lane in LANE_NAMES:
-            self.queue_depth.labels(lane)
 
     def add_collector(self, collector: Collector) -> None:
         """Register a scrape-time collector (e.g. GPU telemetry) in our registry."""

@@ -54,7 +54,18 @@ class FakeGpu:
     reasons: int = (
         pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown
     )
-    ecc: int = 0
+    # (error type, counter type) -> count; corrected, uncorrected x volatile, aggregate
+    ecc: dict[tuple[int, int], int] = field(
+        default_factory=lambda: {
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): 7,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 0,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): 1_234,
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 2,
+        }
+    )
+    nvlink_kib: tuple[int, int] = (10_000_000, 20_000_000)  # TX, RX counters over all links
+    nvlink_speed_mbps: int = 25_781  # per link and direction (H100)
+    nvlink_return: int = pynvml.NVML_SUCCESS  # the throughput fields' own return code
     cc: tuple[int, int] = (9, 0)
     ecc_mode: tuple[int, int] = (1, 1)  # current, pending
     xid_supported: bool = True
@@ -68,6 +79,7 @@ class FakeNvml:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self.calls: Counter[str] = Counter()
+        self.fields_asked: Counter[int] = Counter()  # nvmlDeviceGetFieldValues, per field id
         self.init_error: BaseException | None = None
         self.xid_queue: list[tuple[int, int]] = []  # (gpu index, xid code)
         self.shutdowns = 0
@@ -117,13 +129,25 @@ class FakeNvml:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self.gpus[h].temp_c
 
-    def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> Any:
-        assert ids == [pynvml.NVML_FI_DEV_MEMORY_TEMP]
-        values = (pynvml.c_nvmlFieldValue_t * 1)()
-        values[0].fieldId = ids[0]
-        values[0].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-        values[0].nvmlReturn = self.gpus[h].mem_temp_return
-        values[0].value.uiVal = self.gpus[h].mem_temp_c
+    def nvmlDeviceGetFieldValues(self, h: int, ids: list[Any]) -> Any:
+        g = self.gpus[h]
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for v, wanted in zip(values, ids, strict=True):
+            field_id, scope = wanted if isinstance(wanted, tuple) else (wanted, 0)
+            self.fields_asked[field_id] += 1
+            v.fieldId, v.scopeId = field_id, scope
+            v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            v.nvmlReturn = pynvml.NVML_SUCCESS
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                v.nvmlReturn, v.value.uiVal = g.mem_temp_return, g.mem_temp_c
+            elif field_id == pynvml.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON:
+                v.value.uiVal = g.nvlink_speed_mbps
+            else:
+                assert scope == 0xFFFFFFFF  # the sum over every link
+                tx = field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+                assert tx or field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+                v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                v.nvmlReturn, v.value.ullVal = g.nvlink_return, g.nvlink_kib[0 if tx else 1]
         return values
 
     def nvmlDeviceGetTemperatureThreshold(self, h: int, kind: int) -> int:
@@ -182,13 +206,7 @@ class FakeNvml:
         return self.gpus[h].reasons
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        # The sampler asks for volatile uncorrected only; the inventory reads more counters.
-        if (kind, counter) == (
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-        ):
-            return self.gpus[h].ecc
-        return 0
+        return self.gpus[h].ecc[(kind, counter)]
 
     # static facts the inventory reads
     def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
@@ -269,8 +287,12 @@ def test_reads_every_field_with_units(fake: FakeNvml) -> None:
     assert (s.pcie_gen, s.pcie_gen_max, s.pcie_width, s.pcie_width_max) == (5, 5, 16, 16)
     assert (s.pcie_tx_kb_s, s.pcie_rx_kb_s) == (1200, 34000)
     assert s.nvlink_active == 18
+    # NVLink rates need two readings of NVML's counters.
+    assert (s.nvlink_tx_kb_s, s.nvlink_rx_kb_s, s.nvlink_util_pct) == (None, None, None)
     assert s.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
-    assert s.ecc_errors == 0 and s.xid_errors == 0
+    assert (s.ecc_corrected_volatile, s.ecc_uncorrected_volatile) == (7, 0)
+    assert (s.ecc_corrected_aggregate, s.ecc_uncorrected_aggregate) == (1_234, 2)
+    assert s.xid_errors == 0
     assert s.unsupported == () and s.invalid == ()
     nv.close()
     nv.close()
@@ -300,25 +322,32 @@ def test_not_supported_is_recorded_and_not_asked_again(fake: FakeNvml) -> None:
     g = fake.gpus[0]
     g.mem_temp_return = pynvml.NVML_ERROR_NOT_SUPPORTED  # per-field return in FieldValues
     g.errors["nvmlDeviceGetTotalEnergyConsumption"] = pynvml.NVMLError_NotSupported()
-    g.errors["nvmlDeviceGetTotalEccErrors"] = pynvml.NVMLError_NotSupported()
+    g.errors["nvmlDeviceGetTotalEccErrors"] = pynvml.NVMLError_NotSupported()  # ECC off
     g.nvlinks = ()
     g.xid_supported = False
     nv = NvmlTelemetry()
     for _ in range(3):
         s = nv.sample()[0]
-    assert s.mem_temp_c is None and s.energy_j is None and s.ecc_errors is None
-    assert s.nvlink_active is None and s.xid_errors is None
+    assert s.mem_temp_c is None and s.energy_j is None and s.ecc_uncorrected_volatile is None
+    assert s.nvlink_active is None and s.nvlink_util_pct is None and s.xid_errors is None
     assert set(s.unsupported) == {
         "mem_temp_c",
         "energy_j",
-        "ecc_errors",
+        "ecc_corrected_volatile",
+        "ecc_uncorrected_volatile",
+        "ecc_corrected_aggregate",
+        "ecc_uncorrected_aggregate",
         "nvlink_active",
+        "nvlink_tx_kb_s",
+        "nvlink_rx_kb_s",
+        "nvlink_util_pct",
         "xid_errors",
     }
     assert s.invalid == ()
     assert s.core_temp_c == 71  # everything else still read
     # GPU 1 supports it all and is asked every time; GPU 0 only once.
-    assert fake.calls["nvmlDeviceGetFieldValues"] == 1 + 3
+    assert fake.fields_asked[pynvml.NVML_FI_DEV_MEMORY_TEMP] == 1 + 3
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 4 + 4 * 3
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1 + 3
     assert nv.status()["gpus"][0]["unsupported"] == sorted(s.unsupported)
 
@@ -412,7 +441,8 @@ def test_inventory_reads_the_same_gpus_the_sampler_does(fake: FakeNvml) -> None:
             s.pcie_width_max,
         )
         assert g.nvlink_links_active == s.nvlink_active == 18
-        assert g.ecc_uncorrected_volatile == s.ecc_errors == 0
+        assert g.ecc_uncorrected_volatile == s.ecc_uncorrected_volatile == 0
+        assert g.ecc_corrected_volatile == s.ecc_corrected_volatile == 7
     assert fake.shutdowns == 1  # the inventory opens NVML and shuts it again
 
 
@@ -454,7 +484,6 @@ def test_timeout_and_foreign_exceptions_do_not_escape(fake: FakeNvml) -> None:
         ("mem", (90_000 * MIB, 81_559 * MIB), "mem_used_bytes"),
         ("pcie", (0, 5, 16, 16), "pcie_gen"),
         ("pcie_kb_s", (2**32 - 1, 10), "pcie_tx_kb_s"),
-        ("ecc", 2**64 - 1, "ecc_errors"),
     ],
 )
 def test_odd_values_become_invalid_and_are_logged_once(
@@ -473,6 +502,52 @@ def test_odd_values_become_invalid_and_are_logged_once(
         assert field_name in s.invalid
     odd = [r for r in caplog.records if "implausible" in r.getMessage()]
     assert len(odd) == 1 and field_name in odd[0].getMessage()
+
+
+def test_ecc_counts_by_type_and_counter_and_an_odd_one_is_invalid(fake: FakeNvml) -> None:
+    g = fake.gpus[0]
+    g.ecc[(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)] = 2**64 - 1
+    s = NvmlTelemetry().sample()[0]
+    assert s.ecc_uncorrected_volatile is None and s.invalid == ("ecc_uncorrected_volatile",)
+    # The other three counters still read.
+    assert (s.ecc_corrected_volatile, s.ecc_corrected_aggregate) == (7, 1_234)
+    assert s.ecc_uncorrected_aggregate == 2
+
+
+def test_nvlink_rates_and_use_come_from_two_readings(fake: FakeNvml) -> None:
+    clock = Clock()
+    nv = NvmlTelemetry(monotonic=clock)
+    assert nv.sample()[0].nvlink_tx_kb_s is None
+    g = fake.gpus[0]
+    clock.now += 10
+    g.nvlink_kib = (g.nvlink_kib[0] + 1_000_000, g.nvlink_kib[1] + 4_000_000)
+    s = nv.sample()[0]
+    assert (s.nvlink_tx_kb_s, s.nvlink_rx_kb_s) == (100_000, 400_000)
+    # The busier direction over 18 links at 25,781 MB/s each.
+    assert s.nvlink_util_pct == pytest.approx(100 * 400_000 * 1024 / (18 * 25_781e6))
+    # A counter that went back (the driver reloaded) gives no rate until it counts again.
+    clock.now += 10
+    g.nvlink_kib = (5, 5)
+    s = nv.sample()[0]
+    assert (s.nvlink_tx_kb_s, s.nvlink_util_pct) == (None, None) and s.invalid == ()
+    clock.now += 10
+    g.nvlink_kib = (5 + 2_000, 5)
+    assert nv.sample()[0].nvlink_tx_kb_s == 200
+
+
+def test_nvlink_without_throughput_fields_or_speed(fake: FakeNvml) -> None:
+    clock = Clock()
+    fake.gpus[0].nvlink_return = pynvml.NVML_ERROR_NOT_SUPPORTED  # an older driver
+    fake.gpus[1].nvlink_speed_mbps = 0
+    nv = NvmlTelemetry(monotonic=clock)
+    nv.sample()
+    clock.now += 1
+    a, b = nv.sample()
+    assert a.nvlink_active == 18 and a.nvlink_util_pct is None
+    assert {"nvlink_tx_kb_s", "nvlink_rx_kb_s", "nvlink_util_pct"} <= set(a.unsupported)
+    # No plausible link speed: the rates stand, the share of capacity cannot be had.
+    assert b.nvlink_tx_kb_s == 0 and b.nvlink_util_pct is None
+    assert b.invalid == ("nvlink_util_pct",)
 
 
 def test_odd_threshold_is_read_again(fake: FakeNvml) -> None:

@@ -145,6 +145,48 @@ def test_lost_gpu_fault_on_one_gpu_then_cleared() -> None:
     assert sim.active_faults() == []
 
 
+def test_ecc_storm_counts_corrected_errors_and_an_uncorrected_one_each_minute() -> None:
+    sim, clock, _ = make(SimConfig(gpu_count=2))
+    s = sim.sample()[0]
+    assert (s.ecc_corrected_volatile, s.ecc_uncorrected_volatile, s.xid_errors) == (0, 0, 0)
+    sim.set_fault("ecc_storm", gpu=0, factor=3.0, duration_s=150)
+    clock.advance(30)
+    a, b = sim.sample()
+    # 3 corrected a second; one uncorrected at once, with the Xid 48 it raises.
+    assert (a.ecc_corrected_volatile, a.ecc_uncorrected_volatile, a.xid_errors) == (90, 1, 1)
+    assert (a.ecc_corrected_aggregate, a.ecc_uncorrected_aggregate) == (90, 1)
+    assert (b.ecc_corrected_volatile, b.xid_errors) == (0, 0)  # the other GPU is healthy
+    clock.advance(130)  # past the fault's end at 150 s: what it did before the end counts
+    a = sim.sample()[0]
+    assert (a.ecc_corrected_volatile, a.ecc_uncorrected_volatile, a.xid_errors) == (450, 3, 3)
+    clock.advance(600)
+    a = sim.sample()[0]
+    assert (a.ecc_corrected_volatile, a.ecc_uncorrected_volatile, a.xid_errors) == (450, 3, 3)
+
+
+def test_xid_fault_raises_an_event_each_minute_and_clearing_keeps_the_count() -> None:
+    sim, clock, _ = make()
+    sim.set_fault("xid")
+    assert sim.sample()[0].xid_errors == 1
+    clock.advance(59)
+    assert sim.sample()[0].xid_errors == 1
+    clock.advance(1)
+    assert sim.sample()[0].xid_errors == 2
+    sim.clear_faults("xid")
+    clock.advance(300)
+    s = sim.sample()[0]
+    assert s.xid_errors == 2 and s.ecc_uncorrected_volatile == 0
+
+
+@pytest.mark.parametrize(("gpus", "util_pct"), [(1, 0.0), (2, 45.0)])
+def test_nvlink_carries_tensor_parallel_traffic_only(gpus: int, util_pct: float) -> None:
+    s = make(SimConfig(gpu_count=gpus), load=1.0)[0].sample()[0]
+    assert s.nvlink_active == 18 and s.nvlink_util_pct == util_pct
+    kb_s = util_pct / 100 * 18 * 25e9 / 1024  # 18 links at 25 GB/s each way
+    assert s.nvlink_tx_kb_s == s.nvlink_rx_kb_s == pytest.approx(kb_s, abs=0.1)
+    assert s.mem_bw_util_pct == 70.0 and s.pcie_rx_kb_s == 8000.0
+
+
 def test_scripted_fault_from_config_has_a_window() -> None:
     cfg = SimConfig(faults=(SimFaultConfig(name="hot_room", start_s=100, duration_s=50),))
     clock = FakeClock()

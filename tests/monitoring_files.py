@@ -1,0 +1,67 @@
+"""The shipped monitoring files read as data: alert rules, dashboard queries, the series they
+name. Shared by the promtool unit tests and the live-scrape test, so both read one truth."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MONITORING = ROOT / "monitoring"
+ALERTS = MONITORING / "alerts.yml"
+ALERT_TESTS = MONITORING / "tests" / "alerts_test.yml"
+DASHBOARD = MONITORING / "grafana-dashboard.json"
+ALERTMANAGER = MONITORING / "alertmanager.example.yml"
+PROMETHEUS = MONITORING / "prometheus.yml"
+
+# Series that come from other exporters, by prefix: DCGM's own field names from dcgm-exporter
+# and the host's from node exporter.
+FOREIGN_PREFIXES = ("DCGM_FI_", "node_")
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every rule of alerts.yml, groups flattened."""
+    doc = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def dashboard() -> dict[str, Any]:
+    """The Grafana dashboard as JSON."""
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel query, annotation and template variable."""
+    out = [
+        (panel["title"], target["expr"])
+        for panel in dash["panels"]
+        for target in panel.get("targets", [])
+    ]
+    out += [(a["name"], a["expr"]) for a in dash["annotations"]["list"]]
+    for var in dash["templating"]["list"]:
+        query = var.get("query")
+        if isinstance(query, dict):
+            # label_values(SELECTOR, label): the selector is a query of its own.
+            inner = re.fullmatch(r"label_values\((.*),\s*\w+\)", query["query"])
+            out.append((f"${var['name']}", inner.group(1) if inner else query["query"]))
+    return out
+
+
+def series_in(expr: str, prefix: str = "appliance_") -> set[str]:
+    """Metric names with `prefix` that a PromQL expression reads."""
+    return set(re.findall(rf"\b({prefix}[A-Za-z0-9_]+)", expr))
+
+
+def shipped_appliance_series() -> dict[str, list[str]]:
+    """Every appliance_* series a shipped rule or dashboard query reads -> who reads it."""
+    users: dict[str, list[str]] = {}
+    queries = [(f"alert {r['alert']}", r["expr"]) for r in alert_rules()]
+    queries += [(f"panel {where}", expr) for where, expr in dashboard_queries(dashboard())]
+    for where, expr in queries:
+        for name in series_in(expr):
+            users.setdefault(name, []).append(where)
+    return users
