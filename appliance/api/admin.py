@@ -81,6 +81,7 @@ def status_snapshot(svc: Services) -> dict[str, Any]:
         "latency": _latency_snapshot(svc),
         "events": [e.to_dict() for e in svc.events.recent(20)],
         "long_context": svc.long_context.tracker.snapshot(),
+        "availability": svc.slo.history.snapshot(),
     }
 
 

@@ -40,8 +40,27 @@ def _gpu_line(g: dict[str, Any]) -> str:
     )
 
 
+def _pct(ratio: Any, digits: int) -> str:
+    return "n/a" if not isinstance(ratio, int | float) else f"{ratio * 100:.{digits}f} %"
+
+
+def availability_line(avail: dict[str, Any] | None) -> str:
+    """Availability over 1, 7 and 30 days and the 30-day error budget left, from the
+    daemon's own history (n/a: no requests and no readiness time recorded yet)."""
+    if not avail:
+        return "available  n/a (the daemon reports no availability)"
+    windows = avail.get("windows") or {}
+    parts = "  ".join(f"{w} {_pct((windows.get(w) or {}).get('ratio'), 3)}" for w in windows)
+    budget = avail.get("budget") or {}
+    return (
+        f"available  {parts}  budget left {_pct(budget.get('remaining_ratio'), 1)} "
+        f"of 30 d (objective {_pct(avail.get('objective'), 1)})"
+    )
+
+
 def render(snap: dict[str, Any]) -> str:
-    """The snapshot as a few lines: engine, admission, controller, thermal, GPUs, energy."""
+    """The snapshot as a few lines: engine, admission, controller, thermal, availability,
+    GPUs, energy."""
     eng, adm = snap["engine"], snap["admission"]
     stats = eng.get("stats") or {}
     ctl = snap.get("controller") or {}
@@ -60,6 +79,7 @@ def render(snap: dict[str, Any]) -> str:
         f"thermal    {thermal.get('level')}  derate x{thermal.get('factor', 1):.2f}  "
         f"source {tel.get('source')}{badge}",
     ]
+    lines.append(availability_line(snap.get("availability")))
     lines += [_gpu_line(g) for g in tel.get("gpus") or []]
     per_token = (tel.get("energy_per_token_j") or {}).get("recent")
     if per_token is not None:

@@ -18,7 +18,7 @@ from appliance.services.accounting import RequestAccounting
 from appliance.services.admin_token import load_or_create_admin_token
 from appliance.services.admission import AdmissionQueue
 from appliance.services.audit_log import AuditLog, AuditSettings
-from appliance.services.container import Services, Tenancy
+from appliance.services.container import Services, Slo, Tenancy
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
 from appliance.services.key_store import KeyRegistry, KeyStore
@@ -29,6 +29,7 @@ from appliance.services.metrics import Metrics
 from appliance.services.process_memory import EngineRssBaseline, engine_rss
 from appliance.services.quotas import Quotas
 from appliance.services.request_ledger import RequestLedger
+from appliance.services.slo import SloHistory, SloMeter, previous_run_crashed
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.target_metrics import TargetCollector
@@ -62,11 +63,9 @@ def compose(
     metrics = Metrics()
     telemetry_loop = _telemetry_loop(cfg, telemetry, events, admission, metrics)
     latency = LatencyWindow(window_s=max(60.0, cfg.controller.window_s))
-    history = HistorySampler(
-        store,
-        MetricRows(admission, supervisor, telemetry_loop, metrics, latency).row,
-        cfg.maintenance,
-    )
+    slo = _slo(store, metrics, supervisor, admission, events)
+    rows = MetricRows(admission, supervisor, telemetry_loop, metrics, latency, slo.meter)
+    history = HistorySampler(store, rows.row, cfg.maintenance, after_sample=slo.history.refresh)
     controller = _controller(cfg, admission, supervisor, latency, history, events, store)
     thresholds = LiveThresholds(cfg, store, controller, telemetry_loop)
     rss_baseline = EngineRssBaseline(lambda: engine_rss(supervisor))
@@ -100,7 +99,7 @@ def compose(
         tokenizer=tokenizer,
         events=events,
         metrics=metrics,
-        accounting=RequestAccounting(metrics, latency),
+        accounting=RequestAccounting(metrics, latency, slo.meter),
         admission=admission,
         supervisor=supervisor,
         telemetry=telemetry,
@@ -117,8 +116,30 @@ def compose(
         rss_baseline=rss_baseline,
         long_context=LongContextRunner(cfg.long_context, tokenizer, supervisor),
         tenancy=tenancy,
+        slo=slo,
         prechecks=tuple(prechecks),
     )
+
+
+def _slo(
+    store: StateStore,
+    metrics: Metrics,
+    supervisor: EngineSupervisor,
+    admission: AdmissionQueue,
+    events: EventBus,
+) -> Slo:
+    """The availability SLO: counters fed by accounting, state changes and the scrape;
+    the per-window figures from the history rows the sampler writes."""
+    meter = SloMeter(
+        metrics.registry,
+        wiring.readiness_reason(supervisor, admission),
+        after_crash=previous_run_crashed(store),
+    )
+    events.add_sink(meter.on_event)
+    metrics.add_refresher(meter.advance)
+    history = SloHistory(store)
+    metrics.add_collector(history)
+    return Slo(meter, history)
 
 
 def _tenancy(cfg: Config, store: StateStore, metrics: Metrics, events: EventBus) -> Tenancy:

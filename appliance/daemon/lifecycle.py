@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from appliance.errors import EngineStartError
+from appliance.services import slo
 from appliance.services.container import Services
 from appliance.services.periodic import Periodic
 
@@ -30,6 +31,7 @@ def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[No
 
     async def store(app: web.Application) -> AsyncIterator[None]:
         yield
+        slo.mark_clean_stop(svc.store)
         svc.store.close()
 
     async def tenancy(app: web.Application) -> AsyncIterator[None]:

@@ -64,6 +64,21 @@ def lost_gpu_watch(events: EventBus) -> Callable[[list[GpuSample]], None]:
     return on_sample
 
 
+def readiness_reason(
+    supervisor: EngineSupervisor, admission: AdmissionQueue
+) -> Callable[[], str]:
+    """What /health/ready would say now: "ready", the engine's state, or "protect" (the
+    thermal policy admits realtime only), for the availability SLO."""
+
+    def reason() -> str:
+        ok, state = supervisor.readiness()
+        if ok and admission.protect:
+            return "protect"
+        return state
+
+    return reason
+
+
 def kv_usage(supervisor: EngineSupervisor) -> float:
     """The engine's KV-cache usage, 0 while there is no engine to ask."""
     stats = supervisor.stats()

@@ -22,9 +22,16 @@ def is_peak_field(key: str) -> bool:
     return key.endswith("_max") or "_p99" in key
 
 
+def is_amount_field(key: str) -> bool:
+    """Fields that hold an amount since the previous row (`slo_*`: requests, seconds): a
+    rollup sums them, so a window's total is the sum of its rows at any resolution, and a
+    daemon restart (counters back at zero) loses nothing, unlike a cumulative counter."""
+    return key.startswith("slo_")
+
+
 def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
     """Average each numeric field per bucket_s bucket; peak fields (`is_peak_field`) keep the
-    maximum.
+    maximum, amount fields (`is_amount_field`) the sum.
 
     The bucket's timestamp is its start; `n` counts the fine samples it holds (weighted when
     the inputs are rollups themselves), so a second rollup still averages correctly and
@@ -47,6 +54,8 @@ def rollup(samples: Sequence[Sample], bucket_s: int) -> list[Sample]:
             ]
             if is_peak_field(key):
                 merged[key] = max(v for v, _ in pairs)
+            elif is_amount_field(key):
+                merged[key] = sum(v for v, _ in pairs)
             else:
                 total = sum(w for _, w in pairs)
                 merged[key] = sum(v * w for v, w in pairs) / total

@@ -11,6 +11,7 @@ from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.request_scope import Outcome
 from appliance.json_log import request_id_var
 from appliance.services.metrics import Metrics
+from appliance.services.slo import SloMeter
 
 log = logging.getLogger("appliance.requests")
 
@@ -18,15 +19,20 @@ log = logging.getLogger("appliance.requests")
 class RequestAccounting:
     """Records one request's outcome once, whatever endpoint served it."""
 
-    def __init__(self, metrics: Metrics, latency: LatencyWindow) -> None:
+    def __init__(
+        self, metrics: Metrics, latency: LatencyWindow, slo: SloMeter | None = None
+    ) -> None:
         self._metrics = metrics
         self._latency = latency
+        self._slo = slo
 
     def record(
         self, lane: Lane, kind: str, outcome: Outcome, arrived_s: float, status: str
     ) -> None:
         m = self._metrics
         m.requests_total.labels(status).inc()
+        if self._slo is not None:
+            self._slo.record_request(status)
         if status == "rejected":
             m.rejected += 1
         elif status != "not_ready":

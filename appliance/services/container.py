@@ -25,6 +25,7 @@ from appliance.services.metrics import Metrics
 from appliance.services.process_memory import EngineRssBaseline
 from appliance.services.quotas import Quotas
 from appliance.services.request_ledger import RequestLedger
+from appliance.services.slo import SloHistory, SloMeter
 from appliance.services.store import StateStore
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
@@ -69,6 +70,14 @@ class Tenancy:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """The availability SLO: counted live, and read back from the stored history."""
+
+    meter: SloMeter
+    history: SloHistory
+
+
+@dataclass(frozen=True)
 class Services:
     """Everything the handlers use; the settings that change live have one owner each
     (the controller's in `controller`, thresholds in `thresholds`)."""
@@ -95,5 +104,6 @@ class Services:
     rss_baseline: EngineRssBaseline
     long_context: LongContextRunner
     tenancy: Tenancy
+    slo: Slo
     prechecks: tuple[CheckResult, ...] = ()
     background: BackgroundTasks = field(default_factory=BackgroundTasks)

@@ -28,11 +28,14 @@ class HistorySampler:
         snapshot: Callable[[], dict[str, Any]],
         cfg: MaintenanceConfig,
         clock: Callable[[], float] = time.time,
+        after_sample: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._snapshot = snapshot
         self._cfg = cfg
         self._clock = clock
+        # Runs in the sampler's thread after each row (e.g. recompute availability).
+        self._after_sample = after_sample
         # Off the loop: a SQLite write with fsync may take milliseconds.
         self._periodic = Periodic(
             "metric-history",
@@ -62,6 +65,8 @@ class HistorySampler:
         if now - self._last_compact_s >= 60:
             self.compact(now)
             self._last_compact_s = now
+        if self._after_sample is not None:
+            self._after_sample()
         return row
 
     def compact(self, now_s: float) -> None:

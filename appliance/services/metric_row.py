@@ -13,6 +13,7 @@ from appliance.domain.rates import CounterRates
 from appliance.services.admission import AdmissionQueue
 from appliance.services.metrics import Metrics
 from appliance.services.process_memory import daemon_rss, engine_rss, memory_limit_bytes
+from appliance.services.slo import SloMeter
 from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
 
@@ -27,12 +28,14 @@ class MetricRows:
         telemetry_loop: TelemetryLoop,
         metrics: Metrics,
         latency: LatencyWindow,
+        slo: SloMeter | None = None,
     ) -> None:
         self._admission = admission
         self._supervisor = supervisor
         self._telemetry_loop = telemetry_loop
         self._metrics = metrics
         self._latency = latency
+        self._slo = slo
         self._rates = CounterRates()
 
     def row(self) -> dict[str, Any]:
@@ -43,6 +46,8 @@ class MetricRows:
         row["memory_limit_bytes"] = memory_limit_bytes()
         row.update(self._rate_fields())
         row.update(self._latency_fields())
+        if self._slo is not None:
+            row.update(self._slo.row_fields())
         return row
 
     def _admission_fields(self) -> dict[str, Any]:

@@ -220,6 +220,16 @@ class StateStore:
                 (resolution_s, delete_before_s),
             )
 
+    def sum_metric_fields(self, fields: list[str], since_s: float) -> dict[str, float]:
+        """Each field summed over every stored row (all resolutions) from since_s on, in
+        SQLite: a 30-day window is tens of thousands of rows, too many to decode in Python."""
+        if not fields:
+            return {}
+        sums = ", ".join("COALESCE(SUM(json_extract(data, ?)), 0)" for _ in fields)
+        paths = tuple(f"$.{f}" for f in fields)
+        (row,) = self._query(f"SELECT {sums} FROM metric_samples WHERE ts_s>=?", (*paths, since_s))
+        return {f: float(v) for f, v in zip(fields, row, strict=True)}
+
     def count_metric_samples(self) -> dict[int, int]:
         rows = self._query(
             "SELECT resolution_s, COUNT(*) FROM metric_samples GROUP BY resolution_s"
@@ -308,6 +318,10 @@ class StateStore:
     def meta(self, key: str) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key=?", (key,))
         return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx() as cur:
+            cur.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
     def meta_setdefault(self, key: str, value: str) -> str:
         """The stored value of key, storing value first if there is none (atomic)."""

@@ -60,6 +60,11 @@ STATUS: dict[str, Any] = {
         ],
     },
     "latency": {"ttft_p50_s": 0.21, "ttft_p99_s": 0.93, "tpot_p50_s": 0.031, "tpot_p99_s": 0.07},
+    "availability": {
+        "objective": 0.999,
+        "windows": {"1d": {"ratio": 0.99962}, "7d": {"ratio": 0.99991}, "30d": {"ratio": 0.99978}},
+        "budget": {"remaining_ratio": 0.78},
+    },
     "telemetry": {
         "simulated": True,
         "gpus": [GPU],

@@ -1,4 +1,5 @@
-"""Engine state, running/waiting, KV-cache gauge, tokens/s and TTFT/TPOT percentiles."""
+"""Engine state, running/waiting, availability and error budget, KV-cache gauge, tokens/s
+and TTFT/TPOT percentiles."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class EnginePanel(Vertical):
         self.query_one("#engine-state", Static).update(
             f"[{style}]{state.upper()}[/]  {engine.get('model') or ''}\n"
             f"running {fmt.num(stats.get('running'))}  waiting {fmt.num(stats.get('waiting'))}"
-            f"  in flight {fmt.num(fmt.get(status, 'admission', 'in_flight'))}"
+            f"  in flight {fmt.num(fmt.get(status, 'admission', 'in_flight'))}\n"
+            f"{availability_line(status.get('availability'))}"
         )
         kv = stats.get("kv_cache_usage_ratio")
         self.query_one("#kv", ProgressBar).update(
@@ -58,3 +60,31 @@ class EnginePanel(Vertical):
                 f"{fmt.seconds(lat.get(f'{key}_p99_s'))} p99",
                 model.latency[f"{key}_p99_s"],
             )
+
+
+def availability_line(avail: Any) -> str:
+    """`avail 1d 99.95%  7d …` and `30d …  budget 62%` (two lines: the panel is narrow): the
+    SLO from the daemon's own history; the budget turns yellow under a quarter left and red
+    once overspent."""
+    if not isinstance(avail, dict):
+        return f"avail {fmt.NA}"
+    windows = avail.get("windows") or {}
+    parts = [
+        f"{name} {fmt.num(_pct(fmt.get(windows, name, 'ratio')), '%', 2)}"
+        for name in ("1d", "7d", "30d")
+    ]
+    left = fmt.get(avail, "budget", "remaining_ratio")
+    style = "" if not isinstance(left, int | float) else _budget_style(left)
+    budget = fmt.num(_pct(left), "%", 0)
+    budget = f"[{style}]{budget}[/]" if style else budget
+    return f"avail {parts[0]}  {parts[1]}\n      {parts[2]}  budget {budget}"
+
+
+def _pct(ratio: Any) -> float | None:
+    return ratio * 100 if isinstance(ratio, int | float) else None
+
+
+def _budget_style(left: float) -> str:
+    if left < 0:
+        return "bold red"
+    return "yellow" if left < 0.25 else "green"
