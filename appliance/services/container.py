@@ -17,6 +17,7 @@ from appliance.services.accounting import RequestAccounting
 from appliance.services.admission import AdmissionQueue
 from appliance.services.audit_log import AuditLog
 from appliance.services.control_loop import ControlLoop
+from appliance.services.early_warning import EarlyWarning
 from appliance.services.events import EventBus
 from appliance.services.key_store import KeyRegistry
 from appliance.services.long_context import LongContextRunner
@@ -95,5 +96,6 @@ class Services:
     rss_baseline: EngineRssBaseline
     long_context: LongContextRunner
     tenancy: Tenancy
+    early_warning: EarlyWarning
     prechecks: tuple[CheckResult, ...] = ()
     background: BackgroundTasks = field(default_factory=BackgroundTasks)

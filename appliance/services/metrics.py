@@ -15,6 +15,7 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from appliance.domain.lanes import LANE_NAMES
+from appliance.services.warning_series import EarlyWarningSeries
 
 # *_created series double the exposition for no operator value.
 disable_created_metrics()
@@ -87,6 +88,8 @@ class Metrics:
         )
         self._gauges(r)
         self._refreshers: list[Callable[[], None]] = []
+        # The continuous log analysis' findings (services/early_warning.py sets them).
+        self.early_warning = EarlyWarningSeries(r)
 
     def _gauges(self, r: CollectorRegistry) -> None:
         """The gauges a refresher copies live state into before each scrape."""
