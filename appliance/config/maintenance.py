@@ -80,6 +80,12 @@ class MaintenanceConfig(Section):
     history_raw_keep_s: float = Field(86400.0, gt=0)
     history_minute_keep_s: float = Field(30 * 86400.0, gt=0)
     history_hour_keep_s: float = Field(400 * 86400.0, gt=0)
+    # Early warning: this often, the OOM-precursor and latency-spike analysis runs over this
+    # much recent history; memory that reaches its limit within the horizon at the window's
+    # slope is a precursor (services/early_warning.py).
+    early_warning_interval_s: float = Field(60.0, gt=0, le=3600)
+    early_warning_window_s: float = Field(3600.0, ge=600, le=86400)
+    early_warning_horizon_s: float = Field(3600.0, gt=0, le=7 * 86400)
     # Recalibration may never raise a thermal threshold above these (the hardware's limits)
     # unless allow_above_hardware is set by the operator.
     hardware_max_core_c: float = Field(_HARDWARE.max_core_c, gt=0, le=150)

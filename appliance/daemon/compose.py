@@ -20,6 +20,7 @@ from appliance.services.admission import AdmissionQueue
 from appliance.services.audit_log import AuditLog, AuditSettings
 from appliance.services.container import Services, Slo, Tenancy
 from appliance.services.control_loop import ControlLoop
+from appliance.services.early_warning import EarlyWarning
 from appliance.services.events import EventBus
 from appliance.services.key_store import KeyRegistry, KeyStore
 from appliance.services.long_context import LongContextRunner
@@ -117,6 +118,7 @@ def compose(
         long_context=LongContextRunner(cfg.long_context, tokenizer, supervisor),
         tenancy=tenancy,
         slo=slo,
+        early_warning=EarlyWarning(history.history, events, metrics.early_warning, cfg.maintenance),
         prechecks=tuple(prechecks),
     )
 

@@ -1,7 +1,8 @@
 """Start the services in order and stop them in reverse: the store (closed last), the
 keys, usage and audit log (so every request is accounted, and written out after the drain),
 telemetry (derating applies from the first request), the engine, the controller, then
-metric history and maintenance (after restoring what earlier runs decided)."""
+metric history, its early-warning analysis and maintenance (after restoring what earlier
+runs decided)."""
 
 from __future__ import annotations
 
@@ -83,10 +84,12 @@ def contexts(svc: Services) -> list[Callable[[web.Application], AsyncIterator[No
 
     async def maintenance(app: web.Application) -> AsyncIterator[None]:
         await svc.history.start()
+        await svc.early_warning.start()
         svc.maintenance.restore()
         svc.maintenance.start()
         yield
         svc.maintenance.shutdown()
+        await svc.early_warning.stop()
         await svc.history.stop()
 
     return [store, tenancy, telemetry, engine, controller, maintenance]

@@ -17,6 +17,7 @@ from appliance.services.accounting import RequestAccounting
 from appliance.services.admission import AdmissionQueue
 from appliance.services.audit_log import AuditLog
 from appliance.services.control_loop import ControlLoop
+from appliance.services.early_warning import EarlyWarning
 from appliance.services.events import EventBus
 from appliance.services.key_store import KeyRegistry
 from appliance.services.long_context import LongContextRunner
@@ -105,5 +106,6 @@ class Services:
     long_context: LongContextRunner
     tenancy: Tenancy
     slo: Slo
+    early_warning: EarlyWarning
     prechecks: tuple[CheckResult, ...] = ()
     background: BackgroundTasks = field(default_factory=BackgroundTasks)

@@ -15,6 +15,7 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from appliance.domain.lanes import LANE_NAMES
+from appliance.services.warning_series import EarlyWarningSeries
 
 # *_created series double the exposition for no operator value.
 disable_created_metrics()
@@ -107,6 +108,8 @@ class Metrics:
         self._gauges(r)
         self._known_labels()
         self._refreshers: list[Callable[[], None]] = []
+        # The continuous log analysis' findings (services/early_warning.py sets them).
+        self.early_warning = EarlyWarningSeries(r)
 
     def _known_labels(self) -> None:
         """Every known label set at zero from the start: increase() and rate() see the first

@@ -27,6 +27,11 @@ class Periodic:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=self._name)
 
+    @property
+    def running(self) -> bool:
+        """Whether the loop is started and has not ended."""
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
