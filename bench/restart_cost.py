@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from appliance.client import SyncAdminClient  # noqa: E402
-from bench.report import MODEL_DIR  # noqa: E402
-from bench.servers import free_port, small_engine, start_appliance  # noqa: E402
+from appliance.client import SyncAdminClient
+from bench.report import MODEL_DIR
+from bench.servers import free_port, small_engine, start_appliance
 
 
 def rss_mib(pid: int) -> float:

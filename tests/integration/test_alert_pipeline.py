@@ -241,11 +241,6 @@ async def _kill_engine_repeatedly(d: Live, stop: asyncio.Event) -> int:
     return kills
 
 
-@pytest.mark.skipif(
-    not SLO.exists(),
-    reason="monitoring/slo.yml (availability recording rules and burn-rate alerts) is not on "
-    "this branch yet; remove this skip when it lands",
-)
 async def test_page_burn_rate_alert_fires_on_engine_kills_and_resolves(tmp_path: Path) -> None:
     # The test-only copy divides every range window of slo.yml by SLO_WINDOW_DIVISOR (1 h ->
     # 60 s, 5 min -> 5 s; `for:` 2 s). What the alert decides is unchanged: the error ratio
