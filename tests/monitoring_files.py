@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "monitoring"
 ALERTS = MONITORING / "alerts.yml"
 ALERT_TESTS = MONITORING / "tests" / "alerts_test.yml"
+SLO_RULES = MONITORING / "slo.yml"
+SLO_TESTS = MONITORING / "tests" / "slo_test.yml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 ALERTMANAGER = MONITORING / "alertmanager.example.yml"
 PROMETHEUS = MONITORING / "prometheus.yml"
@@ -23,10 +28,48 @@ PROMETHEUS = MONITORING / "prometheus.yml"
 FOREIGN_PREFIXES = ("DCGM_FI_", "node_")
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    """Every rule of alerts.yml, groups flattened."""
-    doc = yaml.safe_load(ALERTS.read_text())
+def rules_of(path: Path) -> list[dict[str, Any]]:
+    """Every rule of a Prometheus rule file (recording and alerting), groups flattened."""
+    doc = yaml.safe_load(path.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def alert_rules(path: Path = ALERTS) -> list[dict[str, Any]]:
+    """The alerting rules of a rule file (alerts.yml unless told)."""
+    return [rule for rule in rules_of(path) if "alert" in rule]
+
+
+def tool(name: str, package: str) -> str:
+    """The path of a monitoring tool; a missing one fails the test, never skips it."""
+    exe = shutil.which(name)
+    if exe is None:
+        pytest.fail(
+            f"{name} is missing: install it with `apt-get install -y {package}` "
+            "(the Makefile's test target must do this)"
+        )
+    return exe
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    """A tool's run, its output kept for the assertion message."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def assert_each_alert_tested(rules: Path, tests: Path) -> None:
+    """Every alert of rules has a promtool case where it fires and one where it is quiet,
+    and no case names an alert the file does not have."""
+    cases = [
+        case
+        for group in yaml.safe_load(tests.read_text())["tests"]
+        for case in group.get("alert_rule_test", [])
+    ]
+    names = [rule["alert"] for rule in alert_rules(rules)]
+    assert len(names) == len(set(names)), "alert names must be unique"
+    for name in names:
+        mine = [c for c in cases if c["alertname"] == name]
+        assert any(c.get("exp_alerts") for c in mine), f"{name}: no test where it fires"
+        assert any(not c.get("exp_alerts") for c in mine), f"{name}: no test where it is quiet"
+    assert {c["alertname"] for c in cases} <= set(names), "a test names an unknown alert"
 
 
 def dashboard() -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,12 @@ from tests.monitoring_files import (
     FOREIGN_PREFIXES,
     PROMETHEUS,
     alert_rules,
+    assert_each_alert_tested,
     dashboard,
     dashboard_queries,
+    run,
     series_in,
+    tool,
 )
 
 # DCGM field names dcgm-exporter exports with its shipped counter files (etc/default-counters.csv
@@ -69,52 +71,23 @@ DCGM_FIELDS = {
 }
 
 
-def _tool(name: str, package: str) -> str:
-    exe = shutil.which(name)
-    if exe is None:
-        pytest.fail(
-            f"{name} is missing: install it with `apt-get install -y {package}` "
-            "(the Makefile's test target must do this)"
-        )
-    return exe
-
-
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
-
-
-def _alerts() -> list[dict[str, Any]]:
-    return alert_rules()
-
-
 # -- alert rules ------------------------------------------------------------------------
 
 
 def test_promtool_check_rules() -> None:
-    proc = _run(_tool("promtool", "prometheus"), "check", "rules", str(ALERTS))
+    proc = run(tool("promtool", "prometheus"), "check", "rules", str(ALERTS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(_alerts())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(alert_rules())} rules found" in proc.stdout
 
 
 def test_promtool_test_rules() -> None:
-    proc = _run(_tool("promtool", "prometheus"), "test", "rules", str(ALERT_TESTS))
+    proc = run(tool("promtool", "prometheus"), "test", "rules", str(ALERT_TESTS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
 
 def test_every_alert_is_tested_firing_and_quiet() -> None:
-    cases = [
-        case
-        for group in yaml.safe_load(ALERT_TESTS.read_text())["tests"]
-        for case in group.get("alert_rule_test", [])
-    ]
-    names = [rule["alert"] for rule in _alerts()]
-    assert len(names) == len(set(names)), "alert names must be unique"
-    for name in names:
-        mine = [c for c in cases if c["alertname"] == name]
-        assert any(c.get("exp_alerts") for c in mine), f"{name}: no test where it fires"
-        assert any(not c.get("exp_alerts") for c in mine), f"{name}: no test where it is quiet"
-    assert {c["alertname"] for c in cases} <= set(names), "a test names an unknown alert"
+    assert_each_alert_tested(ALERTS, ALERT_TESTS)
 
 
 def test_the_unit_tests_catch_a_wrong_threshold(tmp_path: Path) -> None:
@@ -125,13 +98,13 @@ def test_the_unit_tests_catch_a_wrong_threshold(tmp_path: Path) -> None:
     assert text.count(rule) == 1
     (tmp_path / "alerts.yml").write_text(text.replace(rule, rule.replace("0.9", "0.96")))
     test_file = tmp_path / "tests" / "alerts_test.yml"
-    proc = _run(_tool("promtool", "prometheus"), "test", "rules", str(test_file))
+    proc = run(tool("promtool", "prometheus"), "test", "rules", str(test_file))
     assert proc.returncode != 0
     assert "ApplianceKvCacheCritical" in proc.stdout + proc.stderr
 
 
 def test_kv_cache_over_90_percent_for_5_minutes_pages() -> None:
-    rules = {r["alert"]: r for r in _alerts()}
+    rules = {r["alert"]: r for r in alert_rules()}
     critical = rules["ApplianceKvCacheCritical"]
     assert critical["expr"].strip() == "appliance_kv_cache_usage_ratio > 0.9"
     assert critical["for"] == "5m" and critical["labels"]["severity"] == "critical"
@@ -139,7 +112,7 @@ def test_kv_cache_over_90_percent_for_5_minutes_pages() -> None:
 
 
 def test_every_alert_has_a_routed_severity_and_both_annotations() -> None:
-    for rule in _alerts():
+    for rule in alert_rules():
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
         assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]
 
@@ -190,7 +163,7 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
     ]
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    proc = _run(_tool("promtool", "prometheus"), "check", "rules", str(path))
+    proc = run(tool("promtool", "prometheus"), "check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -229,7 +202,7 @@ def test_dashboard_dcgm_queries_use_dcgm_field_names() -> None:
 
 def test_every_selected_series_is_the_daemons_or_a_known_exporters() -> None:
     # A name right before `{` is a series selector; it is ours, DCGM's, node exporter's or `up`.
-    for where, expr in [*_targets(_dashboard()), *((r["alert"], r["expr"]) for r in _alerts())]:
+    for where, expr in [*_targets(_dashboard()), *((r["alert"], r["expr"]) for r in alert_rules())]:
         for name in re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr):
             assert name == "up" or name.startswith(("appliance_", *FOREIGN_PREFIXES)), (
                 f"{where}: {name} comes from no shipped exporter"
@@ -241,7 +214,7 @@ def test_every_selected_series_is_the_daemons_or_a_known_exporters() -> None:
 
 def test_promtool_check_config() -> None:
     # promtool resolves rule_files relative to the config and checks them too.
-    proc = _run(_tool("promtool", "prometheus"), "check", "config", str(PROMETHEUS))
+    proc = run(tool("promtool", "prometheus"), "check", "config", str(PROMETHEUS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "alerts.yml" in proc.stdout + proc.stderr
 
@@ -265,7 +238,7 @@ def test_prometheus_scrapes_the_appliance_dcgm_and_node_exporter() -> None:
 
 
 def test_alertmanager_example_is_valid() -> None:
-    proc = _run(_tool("amtool", "prometheus-alertmanager"), "check-config", str(ALERTMANAGER))
+    proc = run(tool("amtool", "prometheus-alertmanager"), "check-config", str(ALERTMANAGER))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -278,8 +251,8 @@ def test_alertmanager_example_is_valid() -> None:
     ],
 )
 def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> None:
-    proc = _run(
-        _tool("amtool", "prometheus-alertmanager"),
+    proc = run(
+        tool("amtool", "prometheus-alertmanager"),
         "config",
         "routes",
         "test",

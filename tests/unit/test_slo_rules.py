@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
-import pytest
-import yaml
 from prometheus_client import CollectorRegistry
 
 from appliance.services.slo import SloMeter
+from tests.monitoring_files import (
+    SLO_RULES,
+    SLO_TESTS,
+    alert_rules,
+    assert_each_alert_tested,
+    rules_of,
+    run,
+    tool,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-SLO_RULES = ROOT / "monitoring" / "slo.yml"
-SLO_TESTS = ROOT / "monitoring" / "tests" / "slo_test.yml"
 # The SRE workbook's pairs for a 99.9 % objective: (long window, short window, burn rate).
 WORKBOOK = {
     "ApplianceErrorBudgetBurn1h": ("1h", "5m", "14.4", "critical"),
@@ -31,54 +33,27 @@ WORKBOOK = {
 
 
 def _promtool() -> str:
-    exe = shutil.which("promtool")
-    if exe is None:
-        pytest.fail("promtool is missing: install it with `apt-get install -y prometheus`")
-    return exe
-
-
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
-
-
-def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(SLO_RULES.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
-
-
-def _alerts() -> list[dict[str, Any]]:
-    return [r for r in _rules() if "alert" in r]
+    return tool("promtool", "prometheus")
 
 
 def test_promtool_check_rules() -> None:
-    proc = _run(_promtool(), "check", "rules", str(SLO_RULES))
+    proc = run(_promtool(), "check", "rules", str(SLO_RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(_rules())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(rules_of(SLO_RULES))} rules found" in proc.stdout
 
 
 def test_promtool_test_rules() -> None:
-    proc = _run(_promtool(), "test", "rules", str(SLO_TESTS))
+    proc = run(_promtool(), "test", "rules", str(SLO_TESTS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
 
 def test_every_alert_is_tested_firing_and_quiet() -> None:
-    cases = [
-        case
-        for group in yaml.safe_load(SLO_TESTS.read_text())["tests"]
-        for case in group.get("alert_rule_test", [])
-    ]
-    names = [rule["alert"] for rule in _alerts()]
-    assert len(names) == len(set(names)), "alert names must be unique"
-    for name in names:
-        mine = [c for c in cases if c["alertname"] == name]
-        assert any(c.get("exp_alerts") for c in mine), f"{name}: no test where it fires"
-        assert any(not c.get("exp_alerts") for c in mine), f"{name}: no test where it is quiet"
-    assert {c["alertname"] for c in cases} <= set(names), "a test names an unknown alert"
+    assert_each_alert_tested(SLO_RULES, SLO_TESTS)
 
 
 def test_the_alerts_are_the_workbooks_windows_and_rates() -> None:
-    alerts = {rule["alert"]: rule for rule in _alerts()}
+    alerts = {rule["alert"]: rule for rule in alert_rules(SLO_RULES)}
     assert set(alerts) == set(WORKBOOK)
     for name, (long, short, factor, severity) in WORKBOOK.items():
         expr = " ".join(alerts[name]["expr"].split())
@@ -95,7 +70,7 @@ def test_the_unit_tests_catch_a_wrong_burn_rate(tmp_path: Path) -> None:
     text = SLO_RULES.read_text()
     assert text.count("(14.4 * 0.001)") == 2
     (tmp_path / "slo.yml").write_text(text.replace("(14.4 * 0.001)", "(25 * 0.001)"))
-    proc = _run(_promtool(), "test", "rules", str(tmp_path / "tests" / "slo_test.yml"))
+    proc = run(_promtool(), "test", "rules", str(tmp_path / "tests" / "slo_test.yml"))
     assert proc.returncode != 0
     assert "ApplianceErrorBudgetBurn1h" in proc.stdout + proc.stderr
 
@@ -109,7 +84,7 @@ def test_rules_read_only_series_the_daemon_exports() -> None:
         for s in family.samples
     }
     names = {name for name, _ in exported}
-    for rule in _rules():
+    for rule in rules_of(SLO_RULES):
         used = set(re.findall(r"\b(appliance_[A-Za-z0-9_]+)", rule["expr"]))
         assert used <= names, f"{rule.get('record') or rule.get('alert')}: {used - names}"
     # The label values the rules select are the ones the daemon creates at zero.
