@@ -23,9 +23,9 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from appliance.client import AdminClient, read_token_file
-from appliance.config import parse_config
 from appliance.daemon.app import build_app as build_daemon
 from tests.fakes import FakeEngine, WordTokenizer
+from tests.integration.test_app_fake_engine import MODEL, _cfg
 from tests.prom_stack import (
     ALERTS,
     SLO,
@@ -37,7 +37,6 @@ from tests.prom_stack import (
     shipped_rule_files,
 )
 
-MODEL = "fake-model"
 GPU_ALERT = "ApplianceGpuHot"
 # Range windows of the SLO rules are divided by this in the test-only copy: see
 # test_page_burn_rate_alert_fires_on_engine_kills_and_resolves.
@@ -64,24 +63,13 @@ class Live:
 async def live_daemon(state_dir: Path) -> AsyncIterator[Live]:
     """The daemon app (fake engine, simulated GPU) on 127.0.0.1, ready to admit."""
     state_dir.mkdir()
-    cfg = parse_config(
-        {
-            "state_dir": str(state_dir),
-            "engine": {
-                "served_model_name": MODEL,
-                "max_model_len": 64,
-                "max_tokens_default": 8,
-                "drain_timeout_s": 5,
-                "health_interval_s": 0.05,
-                "restart_backoff_initial_s": 0.01,
-                "restart_backoff_max_s": 0.05,
-            },
-            "admission": {"concurrency_limit": 4, "max_queue_wait_s": 5},
-            # Idle the simulated GPU sits near 31 °C; a hot room (+60 °C) takes it past the
-            # 85 °C alert line within about 2 s with this time constant, and back under it
-            # as fast once cleared.
-            "telemetry": {"source": "sim", "interval_s": 0.2, "sim": {"time_constant_s": 0.5}},
-        }
+    cfg = _cfg(
+        state_dir,
+        admission={"concurrency_limit": 4},
+        # Idle the simulated GPU sits near 31 °C; a hot room (+60 °C) takes it past the
+        # 85 °C alert line within about 2 s with this time constant, and back under it
+        # as fast once cleared.
+        telemetry={"source": "sim", "interval_s": 0.2, "sim": {"time_constant_s": 0.5}},
     )
     engines: list[FakeEngine] = []
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -44,6 +47,34 @@ class Harness:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("not ready")
+
+
+H = TypeVar("H", bound=Harness)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    cfg: Any,
+    harness: type[H] = Harness,
+    **engine: Any,  # type: ignore[assignment]
+) -> AsyncIterator[H]:
+    """The app over cfg with fake engines (FakeEngine(**engine); max_model_len 64 unless
+    given), started and ready to admit; closed on the way out."""
+    engines: list[FakeEngine] = []
+
+    def factory() -> FakeEngine:
+        engines.append(FakeEngine(**{"max_model_len": 64, **engine}))
+        return engines[-1]
+
+    client = TestClient(TestServer(build_app(cfg, factory, WordTokenizer())))
+    await client.start_server()
+    try:
+        token = (cfg.state_dir / "admin.token").read_text().strip()
+        started = harness(client, engines, token)
+        await started.wait_ready()
+        yield started
+    finally:
+        await client.close()
 
 
 def _cfg(tmp_path: Path, **sections: dict):

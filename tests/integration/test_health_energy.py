@@ -10,11 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.daemon.app import build_app
-from tests.fakes import FakeEngine, WordTokenizer
-from tests.integration.test_app_fake_engine import Harness, _cfg, _chat
+from tests.integration.test_app_fake_engine import Harness, _cfg, _chat, running
 
 
 @pytest.fixture
@@ -26,18 +23,8 @@ async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Ha
         telemetry={"source": "sim", "interval_s": 0.02, "sim": {"time_constant_s": 0.05}},
         thermal={"dwell_s": 0.1, "step_interval_s": 0.05},
     )
-    engines: list[FakeEngine] = []
-
-    def factory() -> FakeEngine:
-        engines.append(FakeEngine(token_delay_s=0.002, max_model_len=64))
-        return engines[-1]
-
-    client = TestClient(TestServer(build_app(cfg, factory, WordTokenizer())))
-    await client.start_server()
-    harness = Harness(client, engines, (tmp_path / "admin.token").read_text().strip())
-    await harness.wait_ready()
-    yield harness
-    await client.close()
+    async with running(cfg, token_delay_s=0.002) as harness:
+        yield harness
 
 
 async def _until(predicate, timeout_s: float = 5.0) -> None:

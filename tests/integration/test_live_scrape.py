@@ -10,12 +10,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.daemon.app import build_app
-from tests.fakes import FakeEngine, WordTokenizer
-from tests.integration.test_app_fake_engine import Harness, _cfg
+from tests.integration.test_app_fake_engine import Harness, _cfg, running
 from tests.monitoring_files import shipped_appliance_series
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -87,18 +84,8 @@ async def fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     """The harness with the simulated GPU sampled every 20 ms."""
     monkeypatch.delenv("APPLIANCE_ADMIN_TOKEN", raising=False)
     cfg = _cfg(tmp_path, telemetry={"source": "sim", "interval_s": 0.02})
-    engines: list[FakeEngine] = []
-
-    def factory() -> FakeEngine:
-        engines.append(FakeEngine(token_delay_s=0.002, max_model_len=64))
-        return engines[-1]
-
-    client = TestClient(TestServer(build_app(cfg, factory, WordTokenizer())))
-    await client.start_server()
-    harness = Harness(client, engines, (tmp_path / "admin.token").read_text().strip())
-    await harness.wait_ready()
-    yield harness
-    await client.close()
+    async with running(cfg, token_delay_s=0.002) as harness:
+        yield harness
 
 
 async def _scrape_until(h: Harness, name: str, labels: dict[str, str], least: float) -> Samples:

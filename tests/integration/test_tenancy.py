@@ -12,16 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from appliance.daemon.app import build_app
 from appliance.domain.api_keys import KeySpec
 from appliance.domain.lanes import Lane
 from appliance.services.audit_log import digest
 from appliance.services.key_store import KeyStore
 from appliance.services.request_ledger import prompt_of
-from tests.fakes import FakeEngine, WordTokenizer
-from tests.integration.test_app_fake_engine import MODEL, Harness, _cfg, _chat
+from tests.integration.test_app_fake_engine import MODEL, Harness, _cfg, _chat, running
 
 KEYS = {
     "team-a": KeySpec("team-a", Lane.INTERACTIVE, requests_per_min=3),
@@ -54,20 +51,9 @@ async def t(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Te
     store = KeyStore(tmp_path / "appliance.db")
     secrets = {name: store.add(spec) for name, spec in KEYS.items()}
     store.close()
-    engines: list[FakeEngine] = []
-
-    def factory() -> FakeEngine:
-        engines.append(FakeEngine(token_delay_s=0.05, start_delay_s=0.05, max_model_len=64))
-        return engines[-1]
-
-    app = build_app(_cfg(tmp_path), factory, WordTokenizer())
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    harness = Tenants(client, engines, (tmp_path / "admin.token").read_text().strip())
-    harness.secrets, harness.state_dir = secrets, tmp_path
-    await harness.wait_ready()
-    yield harness
-    await client.close()
+    async with running(_cfg(tmp_path), Tenants, token_delay_s=0.05, start_delay_s=0.05) as harness:
+        harness.secrets, harness.state_dir = secrets, tmp_path
+        yield harness
 
 
 async def test_a_key_is_needed_once_keys_exist(t: Tenants):
