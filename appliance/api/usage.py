@@ -52,19 +52,12 @@ async def get_keys(request: web.Request) -> web.Response:
     """The active keys (name, lanes, limits; never a secret) and what each runs and queues."""
     svc = request.app[SERVICES]
     snap = svc.admission.snapshot()
-    keys: list[dict[str, Any]] = []
-    for spec in svc.tenancy.keys.keys:
-        keys.append(
-            {
-                "name": spec.name,
-                "lanes": [lane.label for lane in spec.lanes],
-                "downgrade": spec.downgrade,
-                "requests_per_min": spec.requests_per_min,
-                "tokens_per_min": spec.tokens_per_min,
-                "concurrency_share": spec.concurrency_share,
-                "weight": spec.weight,
-                "running": snap.running_by_key.get(spec.name, 0),
-                "queued": snap.queued_by_key.get(spec.name, 0),
-            }
-        )
+    keys: list[dict[str, Any]] = [
+        {
+            **spec.as_dict(),
+            "running": snap.running_by_key.get(spec.name, 0),
+            "queued": snap.queued_by_key.get(spec.name, 0),
+        }
+        for spec in svc.tenancy.keys.keys
+    ]
     return web.json_response({"open": svc.tenancy.keys.open, "keys": keys})

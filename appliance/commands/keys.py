@@ -204,17 +204,9 @@ def _row(info: KeyInfo) -> tuple[str, ...]:
 
 
 def _as_dict(info: KeyInfo) -> dict[str, Any]:
-    s = info.spec
     return {
-        "name": s.name,
+        **info.spec.as_dict(),
         "prefix": info.prefix,
-        "max_lane": s.max_lane.label,
-        "lanes": [lane.label for lane in s.lanes],
-        "downgrade": s.downgrade,
-        "requests_per_min": s.requests_per_min,
-        "tokens_per_min": s.tokens_per_min,
-        "concurrency_share": s.concurrency_share,
-        "weight": s.weight,
         "created_s": info.created_s,
         "revoked_s": info.revoked_s,
     }

@@ -71,6 +71,19 @@ class KeySpec:
         """The lanes this key may use, highest priority first."""
         return tuple(lane for lane in Lane if lane >= self.max_lane)
 
+    def as_dict(self) -> dict[str, object]:
+        """What the key may do, as JSON-able fields (the same in the CLI and the admin API)."""
+        return {
+            "name": self.name,
+            "max_lane": self.max_lane.label,
+            "lanes": [lane.label for lane in self.lanes],
+            "downgrade": self.downgrade,
+            "requests_per_min": self.requests_per_min,
+            "tokens_per_min": self.tokens_per_min,
+            "concurrency_share": self.concurrency_share,
+            "weight": self.weight,
+        }
+
     @property
     def limited(self) -> bool:
         """True when the key has a per-minute limit (so it needs a RateWindow)."""
