@@ -36,6 +36,7 @@ from appliance.domain.sweep_analysis import (
     SweepPoint,
     TuningResult,
     find_knee,
+    next_extension,
     next_tuning_level,
     pareto_front,
     tuning_result,
@@ -71,6 +72,9 @@ class BenchSettings:
     document_share: float = 0.25  # mixed scenario
     telemetry_interval_s: float = 1.0
     temperature: float = 0.8
+    # A sweep still rising at its largest level doubles upward to this level (the engine's
+    # max_num_seqs) before the knee is judged; None: measure only `concurrency`.
+    extend_to: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,6 +105,8 @@ class BenchSettings:
             problems.append(f"telemetry_interval_s: must be > 0, got {self.telemetry_interval_s}")
         if not 0 <= self.temperature <= 2:
             problems.append(f"temperature: must be in [0, 2], got {self.temperature}")
+        if self.extend_to is not None and self.extend_to < 1:
+            problems.append(f"extend-to: must be >= 1, got {self.extend_to}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -202,14 +208,24 @@ class BenchReport:
     def knee_limit(self) -> int | None:
         """The ceiling to hand to the controller (the tuning's limit, else the knee).
 
-        None when the daemon's own limit capped the sweep at the knee: a ceiling learnt from
-        a capped sweep would only ever confirm the cap.
+        None when the daemon's own limit capped the sweep at the knee (a ceiling learnt from
+        a capped sweep would only ever confirm the cap), and when throughput still rose at
+        the largest level.
         """
         if self.capped_by_daemon_limit is not None:
             return None
         if self.tuning is not None:
             return self.tuning.recommended_limit
-        return self.knee.concurrency if self.knee else None
+        if self.knee is None or self.knee.still_rising:
+            return None  # still rising at the largest level: a ceiling there would cap it
+        return self.knee.concurrency
+
+    @property
+    def lifts_ceiling(self) -> bool:
+        """True when the sweep showed that no ceiling is right: throughput still rose at the
+        largest level, uncapped by the daemon. An earlier, lower ceiling must then go."""
+        knee = self.tuning.knee if self.tuning is not None else self.knee
+        return self.capped_by_daemon_limit is None and knee is not None and knee.still_rising
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what `appliance bench --json` prints)."""
@@ -865,18 +881,26 @@ async def run_sweep(
 ) -> BenchReport:
     """Run every level of settings.concurrency (ascending) and analyse the sweep.
 
-    A level where every request fails ends the sweep (higher levels would fail too); the
-    levels before it are still analysed. Raises BenchError when nothing at all succeeded.
+    Where throughput still rises at the largest level, the sweep doubles upward to
+    settings.extend_to (analysis.next_extension). A level where every request fails ends
+    the sweep (higher levels would fail too); the levels before it are still analysed.
+    Raises BenchError when nothing at all succeeded.
     """
     started_unix, t0 = time.time(), time.perf_counter()
     async with BenchRunner(settings, progress) as runner:
         await runner.warmup()
         levels: list[LevelResult] = []
-        for level in sorted(settings.concurrency):
-            result = await runner.run_level(level)
+        planned = sorted(settings.concurrency)
+        while planned:
+            result = await runner.run_level(planned.pop(0))
             levels.append(result)
             if result.point is None:
                 break
+            if not planned:
+                points = [lv.point for lv in levels if lv.point is not None]
+                if (more := next_extension(points, settings.extend_to, slo)) is not None:
+                    runner.expect_levels(len(levels) + 1)
+                    planned.append(more)
         if not any(lv.point for lv in levels):
             raise BenchError(f"every request failed: {levels[-1].errors[0] if levels else '?'}")
         return _assemble(runner, levels, started_unix, t0, slo, weights, None)

@@ -27,7 +27,7 @@ from appliance.services.supervisor import EngineSupervisor
 from appliance.services.telemetry_loop import TelemetryLoop
 from appliance.services.thresholds import LiveThresholds
 from maintenance.audit_prune import prune_audit
-from maintenance.rebenchmark import rebenchmark
+from maintenance.rebenchmark import RebenchPlan, rebenchmark
 from maintenance.recalibrate import recalibrate_thresholds, rollback_thresholds
 from maintenance.restart import defrag_restart
 from maintenance.scheduler import OUTCOMES, JobFn, JobSpec, MaintenanceScheduler
@@ -157,20 +157,30 @@ def _benchmark_job(ctx: JobContext) -> JobFn:
 
     async def run() -> dict[str, Any]:
         policy = ctx.controller.cfg
-        return await rebenchmark(
-            _daemon_url(ctx.config),
-            ctx.admin_token,
-            ctx.store,
-            ctx.events,
+        plan = RebenchPlan(
+            mode=m.benchmark_mode,
             concurrency=m.benchmark_concurrency,
+            max_concurrency=ctx.config.engine.max_num_seqs,
             requests_per_level=m.benchmark_requests_per_level,
             max_tokens=m.benchmark_max_tokens,
-            regression_ratio=m.regression_ratio,
-            set_ceiling=lambda limit: ctx.controller.set_ceiling(limit, "the monthly benchmark"),
-            # The knee is where the SLO in force breaks; the score uses the configured weights.
-            slo=Slo(ttft_p99_s=policy.slo_ttft_p99_s, tpot_p99_s=policy.slo_tpot_p99_s),
-            weights=ctx.config.bench.weights.to_policy(),
         )
+        # The daemon's own limit (the controller's, or an old ceiling) must not cap the
+        # sweep: a capped sweep can only confirm the cap. Open it to what the engine can run
+        # for the run's length; the controller's settings come back afterwards.
+        with ctx.controller.opened(plan.max_concurrency, "the monthly benchmark"):
+            return await rebenchmark(
+                _daemon_url(ctx.config),
+                ctx.admin_token,
+                ctx.store,
+                ctx.events,
+                plan=plan,
+                regression_ratio=m.regression_ratio,
+                ceiling=ctx.controller,
+                # The knee is where the SLO in force breaks; the score uses the configured
+                # weights.
+                slo=Slo(ttft_p99_s=policy.slo_ttft_p99_s, tpot_p99_s=policy.slo_tpot_p99_s),
+                weights=ctx.config.bench.weights.to_policy(),
+            )
 
     return run
 
@@ -235,8 +245,18 @@ def restore(store: StateStore, thresholds: LiveThresholds, controller: ControlLo
     active = store.active_thresholds()
     if active is not None:
         thresholds.apply(thresholds.current(), f"the stored threshold set {active['id']}")
+    if controller.ceiling is not None:
+        return
+    kept = store.kept_ceiling()
+    if kept is not None:
+        # The last decision, whichever run and objective made it (None: lifted).
+        limit, source = kept
+        if limit is not None:
+            controller.set_ceiling(limit, f"the kept ceiling ({source})", keep=False)
+        return
+    # A state file from before ceilings were kept: the newest stored run that set one.
     found = stored_ceiling(store)
-    if controller.ceiling is None and found is not None:
+    if found is not None:
         limit, bench = found
         controller.set_ceiling(limit, f"the stored benchmark {bench['id']}")
 

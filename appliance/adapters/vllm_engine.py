@@ -9,6 +9,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -96,6 +97,8 @@ class VllmEngine:
             raise
         except Exception as exc:  # vLLM raises many types; the cause is in the message
             raise EngineStartError(f"vLLM failed to start: {type(exc).__name__}: {exc}") from exc
+        finally:
+            _drop_stored_import_tracebacks()
         # The multiprocessing resource tracker is shared by every engine start and exits
         # with this process; only the engine's own processes belong to this instance.
         self._children = [
@@ -337,6 +340,23 @@ def _give_memory_back() -> None:
     weekly, or whose engine flaps, must not look bigger after each restart."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _drop_stored_import_tracebacks() -> None:
+    """Cut the tracebacks off import errors that vLLM keeps in module globals.
+
+    vLLM imports optional packages lazily, the first time an engine is built, and keeps the
+    error of a missing one to re-raise on use (vllm.multimodal.media.audio keeps torchcodec's
+    ModuleNotFoundError). Its traceback holds every frame of that import, up to the
+    worker thread that built the engine, and with it the engine itself: one whole engine
+    (its tokenizers and serving objects, about 50 MiB) outlived every restart. The error
+    and its message stay; only the frames go."""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("vllm") or module is None:
+            continue
+        for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.with_traceback(None)
 
 
 def _forget_engine_memos() -> None:

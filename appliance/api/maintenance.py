@@ -7,11 +7,15 @@ only translate HTTP to them."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aiohttp import web
 
 from appliance.api.keys import SERVICES
+from appliance.domain.objectives import Objective, choose_ceiling
+from appliance.domain.sweep_analysis import ScoreWeights
 from appliance.errors import ApplianceError, BadRequest, NotFound
+from appliance.services.container import Services
 
 routes = web.RouteTableDef()
 
@@ -53,10 +57,11 @@ async def get_benchmarks(request: web.Request) -> web.Response:
 
 @routes.post("/admin/benchmarks")
 async def post_benchmark(request: web.Request) -> web.Response:
-    """Store a report of `appliance bench`; ?apply=1 makes its knee_limit the ceiling.
+    """Store a report of `appliance bench`; ?apply=1 hands it on as the controller's ceiling.
 
-    This is the last phase of the three-phase tuning: the limit the sweep found is handed
-    to the controller, which then never probes above it.
+    This is the last phase of the three-phase tuning: the level the sweep found becomes the
+    ceiling, and the controller never probes above it. ?objective= picks which level: knee
+    (default), score (the configured weights) or a level number on the Pareto front.
     """
     svc = request.app[SERVICES]
     try:
@@ -68,14 +73,83 @@ async def post_benchmark(request: web.Request) -> web.Response:
     knee = body.get("knee_limit")
     if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
         raise BadRequest("knee_limit: must be a whole number >= 1 or null", param="knee_limit")
+    objective = None
+    if request.query.get("apply") in ("1", "true"):
+        objective = _objective(svc, {"objective": request.query.get("objective", "knee")})
     bench_id = svc.store.add_benchmark("cli", body)
-    applied = False
-    if request.query.get("apply") in ("1", "true") and knee is not None:
-        svc.controller.set_ceiling(knee, source=f"appliance bench (run {bench_id})")
-        applied = True
-    return web.json_response(
-        {"id": bench_id, "applied": applied, "ceiling": svc.controller.ceiling}
-    )
+    answer: dict[str, Any] = {"id": bench_id, "applied": False}
+    if objective is not None:
+        try:
+            answer |= _apply(svc, bench_id, body, objective)
+        except ValueError as exc:
+            # Stored, but this run cannot give what was asked: say so, change nothing.
+            answer["not_applied"] = str(exc)
+    return web.json_response({**answer, "ceiling": svc.controller.ceiling})
+
+
+@routes.post("/admin/benchmarks/{id}/apply")
+async def post_benchmark_apply(request: web.Request) -> web.Response:
+    """Make a stored run's objective the controller's ceiling.
+
+    Body (all optional): {"objective": "knee" | "score" | "level", "level": N, "weights":
+    {"latency": .., "throughput": .., "utilisation": .., "energy": ..}}; weights default to
+    the configured bench.weights.
+    """
+    svc = request.app[SERVICES]
+    try:
+        bench_id = int(request.match_info["id"])
+    except ValueError:
+        raise BadRequest("id: a benchmark run's number", param="id") from None
+    run = svc.store.benchmark(bench_id)
+    if run is None:
+        raise NotFound(f"id: no benchmark run {bench_id}", param="id")
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        raise BadRequest("body: not valid JSON", param="body") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object", param="body")
+    try:
+        answer = _apply(svc, bench_id, run["result"], _objective(svc, body))
+    except ValueError as exc:
+        raise BadRequest(str(exc), param=str(exc).split(":", 1)[0]) from None
+    return web.json_response({"id": bench_id, **answer, "ceiling": svc.controller.ceiling})
+
+
+def _objective(svc: Services, body: dict[str, Any]) -> Objective:
+    """The objective a request asks for; BadRequest names the field."""
+    unknown = sorted(set(body) - {"objective", "level", "weights"})
+    if unknown:
+        raise BadRequest(
+            f"{unknown[0]}: unknown field; allowed: objective, level, weights", param=unknown[0]
+        )
+    weights = svc.config.bench.weights.to_policy()
+    raw = body.get("weights")
+    try:
+        if raw is not None:
+            if not isinstance(raw, dict):
+                raise ValueError("weights: an object of latency, throughput, utilisation, energy")
+            weights = ScoreWeights(**{k: float(v) for k, v in raw.items()})
+        kind = str(body.get("objective", "knee"))
+        if kind.isdigit():
+            return Objective.parse(kind)
+        return Objective(kind, level=body.get("level"), weights=weights)
+    except (TypeError, ValueError) as exc:
+        text = str(exc) if ":" in str(exc) else f"weights: {exc}"
+        raise BadRequest(text, param=text.split(":", 1)[0].split(".")[0]) from None
+
+
+def _apply(
+    svc: Services, bench_id: int, report: dict[str, Any], objective: Objective
+) -> dict[str, Any]:
+    """Set (or lift) the ceiling the objective picks from the run; ValueError if it cannot."""
+    choice = choose_ceiling(report, objective)
+    source = f"benchmark run {bench_id}, objective {objective.kind}: {choice.reason}"
+    if choice.ceiling is None:
+        svc.controller.clear_ceiling(source)
+    else:
+        svc.controller.set_ceiling(choice.ceiling, source=source)
+    return {"applied": True, "objective": objective.kind, "reason": choice.reason}
 
 
 @routes.get("/admin/history")

@@ -263,10 +263,19 @@ class AdminClient:
         """GET /admin/benchmarks."""
         return await self.request("GET", "/admin/benchmarks", what="benchmarks")
 
-    async def record_benchmark(self, report: dict[str, Any], apply: bool) -> dict[str, Any]:
-        """POST /admin/benchmarks; with apply the report's limit becomes the ceiling."""
-        params = {"apply": "1"} if apply else None
+    async def record_benchmark(
+        self, report: dict[str, Any], apply: bool, objective: str = "knee"
+    ) -> dict[str, Any]:
+        """POST /admin/benchmarks; with apply the level objective picks (knee, score or a
+        level on the Pareto front) becomes the ceiling."""
+        params = {"apply": "1", "objective": objective} if apply else None
         return await self.request("POST", "/admin/benchmarks", report, params, "store benchmark")
+
+    async def apply_benchmark(self, bench_id: int, objective: dict[str, Any]) -> dict[str, Any]:
+        """POST /admin/benchmarks/{id}/apply: the run's objective becomes the ceiling."""
+        return await self.request(
+            "POST", f"/admin/benchmarks/{bench_id}/apply", objective, what="apply benchmark"
+        )
 
     async def thresholds(self) -> dict[str, Any]:
         """GET /admin/thresholds: the set in force and the earlier ones."""

@@ -35,6 +35,7 @@ from appliance.client import (
 )
 from appliance.commands._subparsers import add_command
 from appliance.config import find_config_path, load_config
+from appliance.domain.objectives import Objective
 from appliance.domain.sweep_analysis import ScoreWeights, Slo
 from appliance.errors import ConfigError
 
@@ -97,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="three-phase tuning instead of --concurrency: baseline 8, then up to the knee",
     )
     p.add_argument("--max-concurrency", type=int, default=256, help="highest level --tune tries")
+    p.add_argument(
+        "--extend-to",
+        type=int,
+        help="a sweep still rising at its largest level doubles up to this level "
+        "(default: engine.max_num_seqs of the config; 0: never extend)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests before measuring")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--output", help="also write the JSON report to this file")
@@ -110,6 +117,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-apply",
         action="store_true",
         help="with --tune: store the result but do not hand the limit to the controller",
+    )
+    p.add_argument(
+        "--objective",
+        help="hand this run on as the controller's ceiling: knee, score (bench.weights) or "
+        "a level on the Pareto front (default with --tune: knee)",
     )
 
 
@@ -132,6 +144,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"max-concurrency: must be >= 1, got {args.max_concurrency}")
     if args.warmup < 0:
         raise ValueError(f"warmup: must be >= 0, got {args.warmup}")
+    if args.objective is not None:
+        Objective.parse(args.objective)  # ValueError names the option
+    if args.extend_to is not None and args.extend_to < 0:
+        raise ValueError(f"extend-to: must be >= 0 (0: never extend), got {args.extend_to}")
     for name in ("slo_ttft_s", "slo_tpot_s"):
         value = getattr(args, name)
         if value is not None and not value > 0:
@@ -163,6 +179,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None,
         admin_token=daemon.token.value,
         warmup_requests=args.warmup,
+        extend_to=cfg.engine.max_num_seqs if args.extend_to is None else args.extend_to or None,
     )
     return BenchPlan(settings, slo, cfg.bench.weights.to_policy(), daemon)
 
@@ -185,8 +202,11 @@ def daemon_slo(daemon: DaemonAddress) -> Slo | None:
     return Slo(ttft_p99_s=ttft, tpot_p99_s=tpot)
 
 
-def record(daemon: DaemonAddress, report: BenchReport, apply: bool) -> str | None:
-    """Store the report in the daemon's database; with apply, its limit becomes the ceiling.
+def record(
+    daemon: DaemonAddress, report: BenchReport, apply: bool, objective: str = "knee"
+) -> str | None:
+    """Store the report in the daemon's database; with apply, the level objective picks
+    becomes the ceiling.
 
     What happened, as a line for the operator; None without an admin token.
     """
@@ -194,12 +214,16 @@ def record(daemon: DaemonAddress, report: BenchReport, apply: bool) -> str | Non
         return None
     client = SyncAdminClient.at(daemon, timeout_s=RECORD_TIMEOUT_S)
     try:
-        answer = client.run(lambda c: c.record_benchmark(report.to_dict(), apply))
+        answer = client.run(lambda c: c.record_benchmark(report.to_dict(), apply, objective))
     except AdminError as exc:
         return f"not stored in the daemon's database: {exc.message}"
     text = f"stored as benchmark {answer.get('id')} in the daemon's database"
     if answer.get("applied"):
-        text += f"; the controller's ceiling is now {answer.get('ceiling')}"
+        ceiling = answer.get("ceiling")
+        text += f"; the controller's ceiling is now {'none' if ceiling is None else ceiling}"
+        text += f" ({answer.get('reason')})"
+    elif answer.get("not_applied"):
+        text += f"; not applied: {answer['not_applied']}"
     return text
 
 
@@ -337,8 +361,10 @@ def render(report: BenchReport) -> str:
         dropped = f"; left out: {', '.join(report.scores.dropped)}" if report.scores.dropped else ""
         lines.append(f"best score: {report.scores.best_concurrency} (weights {w}{dropped})")
     if report.tuning:
+        limit = report.tuning.recommended_limit
         lines.append(
-            f"tuning: recommended limit {report.tuning.recommended_limit} ({report.tuning.reason})"
+            f"tuning: recommended limit {'none' if limit is None else limit} "
+            f"({report.tuning.reason})"
         )
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
@@ -414,7 +440,8 @@ def run(args: argparse.Namespace) -> int:
         return 1 if isinstance(exc, BenchError) else BAD_INPUT_EXIT
     progress.close()
     if not args.no_record:
-        stored = record(plan.daemon, report, apply=args.tune and not args.no_apply)
+        apply = (args.tune or args.objective is not None) and not args.no_apply
+        stored = record(plan.daemon, report, apply, args.objective or "knee")
         if stored:
             print(f"bench: {stored}", file=sys.stderr)
     return _write_outputs(args, report)

@@ -6,6 +6,8 @@ and the recalibration job); maintenance/ imports it from here, never the other w
 
 from __future__ import annotations
 
+from typing import Literal
+
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import Field, field_validator
 
@@ -71,7 +73,11 @@ class MaintenanceConfig(Section):
     restart_min_growth_ratio: float = Field(0.0, ge=0, le=10)
     # A re-benchmark whose best throughput is this share below the previous run raises an event.
     regression_ratio: float = Field(0.1, gt=0, lt=1)
-    # Benchmark job load: levels and requests per level.
+    # Benchmark job: "tuning" is the three-phase tuning (baseline 8, doubling up to the knee,
+    # at most engine.max_num_seqs); "sweep" measures benchmark_concurrency and, while
+    # throughput still rises at its largest level, doubles upward to engine.max_num_seqs.
+    # Either way a run still rising at the top sets no ceiling.
+    benchmark_mode: Literal["tuning", "sweep"] = "tuning"
     benchmark_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     benchmark_requests_per_level: int = Field(8, ge=1, le=10_000)
     benchmark_max_tokens: int = Field(32, ge=1, le=4096)

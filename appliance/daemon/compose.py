@@ -212,4 +212,5 @@ def _controller(
         events=events,
         record=store.add_decision,
         forecast=forecast,
+        keep_ceiling=store.keep_ceiling,
     )

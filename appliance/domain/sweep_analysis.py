@@ -168,7 +168,8 @@ class TuningResult:
     baseline: SweepPoint | None  # None when the sweep never reached the baseline level
     points: tuple[SweepPoint, ...]
     knee: Knee
-    recommended_limit: int
+    # None when throughput still rose at the largest level tried: any ceiling would cap it.
+    recommended_limit: int | None
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -430,6 +431,29 @@ def next_tuning_level(
     return None if nxt in seen or nxt <= top.concurrency else nxt
 
 
+def next_extension(
+    points: Sequence[SweepPoint],
+    extend_to: int | None,
+    slo: Slo | None = None,
+    min_gain_ratio: float = 0.1,
+    noise_ratio: float = 0.03,
+) -> int | None:
+    """The level to add to a sweep whose throughput still rises at its largest level.
+
+    A fixed list of levels (say 1 to 16) cannot know how far a box scales: an H200 serves
+    well at 64 to 256 sequences. So a sweep still rising at its top doubles upward, up to
+    extend_to (the engine's max_num_seqs, above which it cannot run more), until the curve
+    bends or the SLO breaks. None: stop (bent, SLO broken, nothing to extend to).
+    """
+    if extend_to is None or not points:
+        return None
+    pts = sorted_points(points)
+    top = pts[-1].concurrency
+    if top >= extend_to or not find_knee(pts, slo, min_gain_ratio, noise_ratio).still_rising:
+        return None
+    return min(extend_to, top * 2)
+
+
 def tuning_result(
     points: Sequence[SweepPoint],
     slo: Slo | None = None,
@@ -447,6 +471,10 @@ def tuning_result(
     pts = sorted_points(points)
     knee = find_knee(pts, slo, min_gain_ratio, noise_ratio)
     base_point = next((p for p in pts if p.concurrency == baseline), None)
+    if knee.still_rising:
+        # The box was not saturated at the largest level: a ceiling there would cap it.
+        reason = f"no ceiling: {knee.reason}"
+        return TuningResult(base_point, tuple(pts), knee, None, reason)
     limit = min(max_limit, max(min_limit, knee.concurrency))
     reason = f"knee at {knee.concurrency}: {knee.reason}"
     if limit != knee.concurrency:

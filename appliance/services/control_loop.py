@@ -4,10 +4,11 @@ from live latency, KV usage, queue depth, derating and the benchmark's knee."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from appliance.domain.controller import (
@@ -45,6 +46,7 @@ class ControlLoop:
         record: Callable[[float, int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         forecast: Callable[[], Any] | None = None,
+        keep_ceiling: Callable[[int | None, str], None] | None = None,
     ) -> None:
         self._cfg = cfg
         self.mode = mode
@@ -54,6 +56,8 @@ class ControlLoop:
         self._kv_usage = kv_usage
         # The throughput knee of the last applied benchmark: the limit is never above it.
         self.ceiling: int | None = None
+        # Where each ceiling change is kept, so a restarted daemon steers by the same one.
+        self._keep_ceiling = keep_ceiling
         self._events = events
         self._record = record
         self._clock = clock
@@ -138,13 +142,46 @@ class ControlLoop:
         )
         self.tick()
 
-    def set_ceiling(self, limit: int, source: str = "the benchmark knee") -> None:
-        """Hand a benchmark's knee on as the concurrency ceiling (the next tick applies it)."""
+    def set_ceiling(
+        self, limit: int, source: str = "the benchmark knee", keep: bool = True
+    ) -> None:
+        """Hand a benchmark's knee on as the concurrency ceiling (the next tick applies it).
+
+        keep=False: the ceiling came from where it is kept (a restart); keep it as it was."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"ceiling: must be a whole number >= 1, got {limit!r}")
         self.ceiling = limit
+        if keep and self._keep_ceiling is not None:
+            self._keep_ceiling(limit, source)
         self._events.emit(
             "ceiling", f"concurrency ceiling set to {limit} from {source}", ceiling=limit
+        )
+
+    @contextlib.contextmanager
+    def opened(self, limit: int, source: str) -> Iterator[None]:
+        """Hold a manual limit of `limit` (manual mode ignores the ceiling; the bounds are
+        widened to it) for the block, then put mode, manual limit and bounds back. For a
+        benchmark that must measure the engine, not this daemon's limit."""
+        mode, manual, max_limit = self.mode, self.manual_limit, self.cfg.max_limit
+        self.configure(
+            source=source, mode="manual", limit=limit, max_limit=max(limit, max_limit)
+        )
+        try:
+            yield
+        finally:
+            self.configure(
+                source=f"{source}, ended", mode=mode.value, limit=manual, max_limit=max_limit
+            )
+
+    def clear_ceiling(self, source: str) -> None:
+        """Drop the ceiling: a newer benchmark showed throughput still rising past it."""
+        if self._keep_ceiling is not None:
+            self._keep_ceiling(None, source)
+        if self.ceiling is None:
+            return
+        old, self.ceiling = self.ceiling, None
+        self._events.emit(
+            "ceiling", f"concurrency ceiling {old} lifted by {source}", ceiling=None, previous=old
         )
 
     def tick(self) -> ControlDecision:

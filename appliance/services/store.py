@@ -15,6 +15,8 @@ from typing import Any
 from appliance.services.sqlite_db import SqliteDb
 
 SCHEMA_VERSION = 1
+# meta key of the controller's ceiling and who set it (services/control_loop.py keeps it).
+_CEILING_KEY = "controller_ceiling"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -166,6 +168,16 @@ class StateStore:
         )
         return [{"id": i, "ts_s": ts, "source": s, "result": json.loads(r)} for i, ts, s, r in rows]
 
+    def benchmark(self, bench_id: int) -> dict[str, Any] | None:
+        """One stored run {id, ts_s, source, result}, or None."""
+        rows = self._query(
+            "SELECT id, ts_s, source, result FROM benchmarks WHERE id = ?", (bench_id,)
+        )
+        return next(
+            ({"id": i, "ts_s": ts, "source": s, "result": json.loads(r)} for i, ts, s, r in rows),
+            None,
+        )
+
     # -- controller decisions --------------------------------------------------------
 
     def add_decision(self, ts_s: float, limit: int, reason: str) -> None:
@@ -314,6 +326,18 @@ class StateStore:
             (from_day, to_day),
         )
         return [UsageRow(*row) for row in rows]
+
+    def keep_ceiling(self, ceiling: int | None, source: str) -> None:
+        """The controller's ceiling now (None: none) and who set it, for the next start."""
+        self.set_meta(_CEILING_KEY, json.dumps({"ceiling": ceiling, "source": source}))
+
+    def kept_ceiling(self) -> tuple[int | None, str] | None:
+        """What keep_ceiling kept last; None when nothing was ever kept."""
+        raw = self.meta(_CEILING_KEY)
+        if raw is None:
+            return None
+        kept = json.loads(raw)
+        return kept.get("ceiling"), str(kept.get("source", ""))
 
     def meta(self, key: str) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key=?", (key,))

@@ -32,49 +32,104 @@ def _bench(tok_s: float, knee: int | None) -> dict[str, Any]:
     return {"levels": [{"point": {"output_tok_s": tok_s}}], "knee_limit": knee}
 
 
+class _Level:
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+
+
 class _Report:
-    def __init__(self, tok_s: float, knee: int | None) -> None:
+    def __init__(self, tok_s: float, knee: int | None, still_rising: bool = False) -> None:
         self._d = _bench(tok_s, knee)
         self.knee_limit = knee
+        self.lifts_ceiling = still_rising
+        self.levels = [_Level(c) for c in (8, 16, 32)]
 
     def to_dict(self) -> dict[str, Any]:
         return self._d
 
 
-async def _rebench(store, events, monkeypatch, tok_s, knee, ceilings) -> dict[str, Any]:
-    async def fake_sweep(settings, slo=None, weights=None):
-        return _Report(tok_s, knee)
+class _Ceiling:
+    """Records what the job did to the controller's ceiling."""
 
+    def __init__(self) -> None:
+        self.calls: list[int | None] = []
+
+    def set_ceiling(self, limit: int, source: str) -> None:
+        self.calls.append(limit)
+
+    def clear_ceiling(self, source: str) -> None:
+        assert "still rising at 32" in source
+        self.calls.append(None)
+
+
+PLAN = rebench_mod.RebenchPlan(
+    mode="tuning", concurrency=(1, 2), max_concurrency=32, requests_per_level=1, max_tokens=4
+)
+
+
+async def _rebench(
+    store, events, monkeypatch, tok_s, knee, ceiling, still_rising=False, plan=PLAN
+) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def fake_tuning(settings, slo=None, max_concurrency=256, max_limit=256, weights=None):
+        seen.update(settings=settings, max_concurrency=max_concurrency)
+        return _Report(tok_s, knee, still_rising)
+
+    async def fake_sweep(settings, slo=None, weights=None):
+        seen.update(settings=settings, sweep=True)
+        return _Report(tok_s, knee, still_rising)
+
+    monkeypatch.setattr(rebench_mod, "run_tuning", fake_tuning)
     monkeypatch.setattr(rebench_mod, "run_sweep", fake_sweep)
-    return await rebench_mod.rebenchmark(
+    out = await rebench_mod.rebenchmark(
         "http://127.0.0.1:1",
         "token",
         store,
         events,
-        concurrency=(1, 2),
-        requests_per_level=1,
-        max_tokens=4,
+        plan=plan,
         regression_ratio=0.1,
-        set_ceiling=ceilings.append,
+        ceiling=ceiling,
     )
+    # Either way the run may reach the engine's max_num_seqs, never more.
+    assert seen["settings"].extend_to == 32
+    assert seen.get("max_concurrency", 32) == 32
+    return out
 
 
 async def test_rebenchmark_regression_event_and_ceiling(tmp_path: Path, monkeypatch):
-    store, events, ceilings = StateStore(tmp_path / "b.db"), EventBus(), []
-    first = await _rebench(store, events, monkeypatch, 100.0, 8, ceilings)
-    assert "regression" not in first and ceilings == [8] and first["ceiling_set"] == 8
+    store, events, ceiling = StateStore(tmp_path / "b.db"), EventBus(), _Ceiling()
+    first = await _rebench(store, events, monkeypatch, 100.0, 8, ceiling)
+    assert "regression" not in first and ceiling.calls == [8] and first["ceiling_set"] == 8
+    assert first["mode"] == "tuning" and first["levels"] == [8, 16, 32]
     # 5 % slower: within regression_ratio 0.1, no event.
-    within = await _rebench(store, events, monkeypatch, 95.0, 8, ceilings)
+    within = await _rebench(store, events, monkeypatch, 95.0, 8, ceiling)
     assert "regression" not in within and within["previous_best_output_tok_s"] == 100.0
     assert "benchmark_regression" not in [e.kind for e in events.recent()]
     # 30 % below the previous run: an event naming both figures.
-    slow = await _rebench(store, events, monkeypatch, 66.5, None, ceilings)
+    slow = await _rebench(store, events, monkeypatch, 66.5, None, ceiling)
     assert slow["regression"] is True and slow["previous_best_output_tok_s"] == 95.0
     (ev,) = [e for e in events.recent() if e.kind == "benchmark_regression"]
     assert ev.data == {"before": 95.0, "now": 66.5} and "30%" in ev.reason
-    # A sweep without a knee leaves the ceiling alone.
-    assert ceilings == [8, 8] and "ceiling_set" not in slow
+    # A sweep without a knee (capped by the daemon's limit) leaves the ceiling alone.
+    assert ceiling.calls == [8, 8] and "ceiling_set" not in slow
     assert [b["result"]["knee_limit"] for b in store.benchmarks()] == [None, 8, 8]
+
+
+async def test_rebenchmark_still_rising_lifts_the_ceiling(tmp_path: Path, monkeypatch):
+    store, events, ceiling = StateStore(tmp_path / "b.db"), EventBus(), _Ceiling()
+    await _rebench(store, events, monkeypatch, 100.0, 16, ceiling)
+    rising = await _rebench(store, events, monkeypatch, 180.0, None, ceiling, still_rising=True)
+    # The old ceiling of 16 would cap a box still scaling at 32: it goes, none replaces it.
+    assert ceiling.calls == [16, None]
+    assert rising["ceiling_set"] is None and rising["still_rising"] is True
+
+
+async def test_rebenchmark_sweep_mode_runs_the_configured_levels(tmp_path: Path, monkeypatch):
+    store, events, ceiling = StateStore(tmp_path / "b.db"), EventBus(), _Ceiling()
+    plan = rebench_mod.RebenchPlan("sweep", (1, 2, 4), 32, 1, 4)
+    out = await _rebench(store, events, monkeypatch, 50.0, 4, ceiling, plan=plan)
+    assert out["mode"] == "sweep" and ceiling.calls == [4]
 
 
 async def test_recalibration_event_carries_the_diff_and_keeps_config_for_rollback(

@@ -13,6 +13,7 @@ from appliance.domain.sweep_analysis import (
     Slo,
     SweepPoint,
     find_knee,
+    next_extension,
     next_tuning_level,
     pareto_front,
     throughput_knee,
@@ -353,14 +354,58 @@ def test_tuning_goes_down_when_the_baseline_breaks_the_slo():
     assert res.recommended_limit == 1 and "even at the lowest level" in res.reason
 
 
-def test_tuning_respects_max_concurrency_and_clamps_the_limit():
+def test_tuning_still_rising_at_max_concurrency_recommends_no_ceiling():
     linear = lambda c: pt(c, 30.0 * c)  # noqa: E731 - never saturates
     order, points = run_tuning(linear, None, max_c=48)
     assert order == [8, 16, 32, 48]
     res = tuning_result(points, max_limit=40)
-    assert res.knee.still_rising and res.recommended_limit == 40
-    assert "clamped to [1, 40] = 40" in res.reason
+    # A ceiling at 40 (or 48) would cap a box that still scales: there is none.
+    assert res.knee.still_rising and res.recommended_limit is None
+    assert res.reason.startswith("no ceiling: throughput still rising at the largest level 48")
     assert run_tuning(linear, None, max_c=4)[0] == [4]  # baseline capped by the maximum
+
+
+def test_tuning_clamps_a_knee_into_the_limits():
+    _, points = run_tuning(saturating, None)
+    res = tuning_result(points, max_limit=20)
+    assert res.recommended_limit == 20 and "clamped to [1, 20] = 20" in res.reason
+
+
+def run_extended(measure, levels: list[int], extend_to: int | None, slo: Slo | None = None):
+    """The levels a sweep of `levels` measures once next_extension has its say."""
+    points = [measure(c) for c in levels]
+    while (c := next_extension(points, extend_to, slo)) is not None:
+        assert c not in [p.concurrency for p in points]
+        points.append(measure(c))
+    return [p.concurrency for p in points], points
+
+
+def test_a_sweep_still_rising_at_16_doubles_up_to_max_num_seqs():
+    # An H200-like box: throughput keeps paying up to ~128 sequences.
+    big = lambda c: pt(c, 4000 * c / (c + 40), ttft=0.02)  # noqa: E731
+    order, points = run_extended(big, [1, 2, 4, 8, 16], extend_to=256)
+    assert order == [1, 2, 4, 8, 16, 32, 64, 128]  # 128 shows the bend
+    knee = find_knee(points)
+    assert not knee.still_rising and knee.concurrency >= 64
+    # Without the extension the same box looked "still rising" at 16: the old ceiling.
+    assert find_knee(points[:5]).still_rising
+
+
+def test_a_sweep_still_rising_at_max_num_seqs_stops_there():
+    linear = lambda c: pt(c, 30.0 * c, ttft=0.02)  # noqa: E731
+    order, points = run_extended(linear, [1, 2, 4], extend_to=24)
+    assert order == [1, 2, 4, 8, 16, 24]
+    assert find_knee(points).still_rising
+
+
+def test_a_bent_or_slo_broken_sweep_is_not_extended():
+    order, _ = run_extended(saturating, [8, 16, 32, 64], extend_to=256)
+    assert order == [8, 16, 32, 64]  # bent at 32: 64 shows it
+    linear = lambda c: pt(c, 30.0 * c, ttft=0.1 * c)  # noqa: E731
+    order, _ = run_extended(linear, [1, 2, 4], extend_to=256, slo=Slo(ttft_p99_s=0.5))
+    assert order == [1, 2, 4, 8]  # 8 breaks the SLO at 0.8 s: higher would break it more
+    assert run_extended(linear, [1, 2], extend_to=None)[0] == [1, 2]
+    assert run_extended(linear, [4], extend_to=64)[0] == [4]  # one level shows no slope
 
 
 def test_tuning_result_is_json_ready():
