@@ -155,10 +155,15 @@ class ApplianceTui(App[int]):
 
     # -- commands --------------------------------------------------------------------
 
-    def _run(self, what: str, call: Callable[[], Awaitable[Any]], done: str) -> None:
+    def _run(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[Any]],
+        done: str | Callable[[Any], str],
+    ) -> None:
         async def go() -> None:
             try:
-                await call()
+                answer = await call()
             except NotAvailable as exc:
                 self.notify(exc.message, title=what, severity="warning")
                 return
@@ -171,7 +176,7 @@ class ApplianceTui(App[int]):
             except Exception as exc:  # an operator sees a message, never a traceback
                 self.notify(f"{type(exc).__name__}: {exc}", title=what, severity="error")
                 return
-            self.notify(done, title=what)
+            self.notify(done if isinstance(done, str) else done(answer), title=what)
             self._poke.set()
 
         self.run_worker(go(), group="commands", exit_on_error=False)
@@ -181,24 +186,30 @@ class ApplianceTui(App[int]):
         verb = {"pause": "paused: new requests wait in the queue", "resume": "resumed"}
         self._run(f"engine {action}", lambda: self.client.engine(action), verb.get(action, action))
 
-    def action_restart(self) -> None:
-        """Ask, then start a graceful engine restart."""
+    def confirm(
+        self,
+        question: str,
+        what: str,
+        call: Callable[[], Awaitable[Any]],
+        done: str | Callable[[Any], str],
+    ) -> None:
+        """Ask; on an explicit yes run the call, on anything else change nothing and say so."""
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._run(
-                    "engine restart",
-                    lambda: self.client.engine("restart"),
-                    "graceful restart started; progress shows as events",
-                )
+                self._run(what, call, done)
             else:
-                self.notify("restart cancelled", title="engine restart")
+                self.notify(f"{what} cancelled", title=what)
 
-        self.push_screen(
-            ConfirmScreen(
-                "Gracefully restart the engine?\nRunning requests finish, new ones wait."
-            ),
-            answered,
+        self.push_screen(ConfirmScreen(question), answered)
+
+    def action_restart(self) -> None:
+        """Ask, then start a graceful engine restart."""
+        self.confirm(
+            "Gracefully restart the engine?\nRunning requests finish, new ones wait.",
+            "engine restart",
+            lambda: self.client.engine("restart"),
+            "graceful restart started; progress shows as events",
         )
 
     def set_controller(self, **fields: Any) -> None:
@@ -206,14 +217,62 @@ class ApplianceTui(App[int]):
         desc = ", ".join(f"{k} {v}" for k, v in fields.items())
         self._run("controller", lambda: self.client.set_controller(**fields), f"set {desc}")
 
+    def confirm_controller(self, **fields: Any) -> None:
+        """Ask, then PUT /admin/controller (the SLO and bounds the controller steers by)."""
+        desc = ", ".join(f"{k} {v}" for k, v in fields.items())
+        self.confirm(
+            f"Change what the controller steers by?\n{desc}",
+            "controller",
+            lambda: self.client.set_controller(**fields),
+            f"set {desc}",
+        )
+
+    def confirm_apply_benchmark(self, bench_id: int, objective: dict[str, Any]) -> None:
+        """Ask, then make the run's objective (knee, score or a level) the ceiling."""
+        chosen = objective.get("level") or objective.get("objective", "knee")
+        what = "apply benchmark"
+
+        async def call() -> dict[str, Any]:
+            answer = await self.client.apply_benchmark(bench_id, objective)
+            await self._load_benchmarks()
+            return answer
+
+        def done(answer: Any) -> str:
+            ceiling = answer.get("ceiling") if isinstance(answer, dict) else None
+            reason = answer.get("reason", "") if isinstance(answer, dict) else ""
+            return f"ceiling now {'none' if ceiling is None else ceiling}: {reason}"[:200]
+
+        self.confirm(
+            f"Make run {bench_id}'s {chosen} the controller's ceiling?",
+            what,
+            call,
+            done,
+        )
+
+    def confirm_rollback_thresholds(self) -> None:
+        """Ask, then put the threshold set before the active one back in force."""
+
+        async def call() -> dict[str, Any]:
+            answer = await self.client.rollback_thresholds()
+            await self._load_thresholds()
+            return answer
+
+        self.confirm(
+            "Roll the thresholds back to the set before the active one?",
+            "thresholds rollback",
+            call,
+            lambda answer: f"rolled back to set {(answer.get('restored') or {}).get('id')} "
+            f"({(answer.get('restored') or {}).get('source', '')})",
+        )
+
     def confirm_run_job(self, name: str) -> None:
         """Ask, then run a maintenance job now."""
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._run(f"job {name}", lambda: self._run_job(name), f"job {name} started")
-
-        self.push_screen(ConfirmScreen(f"Run maintenance job '{name}' now?"), answered)
+        self.confirm(
+            f"Run maintenance job '{name}' now?",
+            f"job {name}",
+            lambda: self._run_job(name),
+            f"job {name} started",
+        )
 
     async def _run_job(self, name: str) -> None:
         await self.client.run_job(name)
@@ -240,6 +299,18 @@ class ApplianceTui(App[int]):
             self.model.benchmarks, self.model.benchmarks_error = found, None
         except AdminError as exc:
             self.model.benchmarks, self.model.benchmarks_error = None, exc.message
+        self.refresh_view()
+
+    def load_thresholds(self) -> None:
+        """Fetch /admin/thresholds in a worker and redraw."""
+        self.run_worker(self._load_thresholds, group="thr", exclusive=True, exit_on_error=False)
+
+    async def _load_thresholds(self) -> None:
+        try:
+            found = await self.client.thresholds()
+            self.model.thresholds, self.model.thresholds_error = found, None
+        except AdminError as exc:
+            self.model.thresholds, self.model.thresholds_error = None, exc.message
         self.refresh_view()
 
     def load_usage(self) -> None:

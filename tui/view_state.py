@@ -87,6 +87,8 @@ class Model:
         self.jobs_error: str | None = None
         self.benchmarks: dict[str, Any] | None = None
         self.benchmarks_error: str | None = None
+        self.thresholds: dict[str, Any] | None = None  # /admin/thresholds
+        self.thresholds_error: str | None = None
         self.usage: dict[str, Any] | None = None  # /admin/usage
         self.keys: dict[str, Any] | None = None  # /admin/keys
         self.usage_error: str | None = None

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from textual.pilot import Pilot
 from textual.widget import Widget
-from textual.widgets import DataTable
+from textual.widgets import Button, DataTable, Input
 
 from appliance.api.keys import SERVICES
 from appliance.client import AdminClient, find_daemon, read_token_file
@@ -469,3 +469,133 @@ async def test_dashboard_against_the_real_engine(daemon: Any) -> None:
         await pilot.press("e")
         await until(pilot, lambda: app.model.connection.events_live, 20)
         await until(pilot, lambda: app.screen.query_one("#events").row_count > 0, 10)
+
+
+async def press(pilot: Pilot[Any], app: ApplianceTui, button: str) -> None:
+    """Press a button by id (a click could land on a notification toast covering it)."""
+    app.screen.query_one(button, Button).press()
+    await pilot.pause()
+
+
+async def _answer(pilot: Pilot[Any], app: ApplianceTui, key: str) -> str:
+    """Wait for the confirmation, note its question, answer it with key."""
+    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+    question = text(app.screen.query_one("#question"))
+    await pilot.press(key)
+    await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+    return question
+
+
+async def test_slo_and_bounds_are_set_through_the_confirmation(live: Live) -> None:
+    ctl = live.svc.controller
+    before = (ctl.cfg.slo_ttft_p99_s, ctl.cfg.max_limit)
+    app = tui(live.client())
+    async with app.run_test(size=(80, 24)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("c")
+        for widget, value in (("#slo-ttft", "2.5"), ("#max", "6"), ("#min", "9")):
+            app.screen.query_one(widget, Input).value = value
+        await press(pilot, app, "#apply-objectives")
+        await until(pilot, lambda: any("min: must be <= max, got 9 > 6" in s for s in seen))
+        assert not isinstance(app.screen, ConfirmScreen)
+        app.screen.query_one("#min", Input).value = ""
+        # No: nothing changes.
+        await press(pilot, app, "#apply-objectives")
+        question = await _answer(pilot, app, "n")
+        assert "slo_ttft_p99_s 2.5, max 6" in question
+        await until(pilot, lambda: any("controller cancelled" in s for s in seen))
+        assert (ctl.cfg.slo_ttft_p99_s, ctl.cfg.max_limit) == before
+        # Yes: the controller steers by them, and says who asked.
+        await press(pilot, app, "#apply-objectives")
+        await _answer(pilot, app, "y")
+        await until(pilot, lambda: (ctl.cfg.slo_ttft_p99_s, ctl.cfg.max_limit) == (2.5, 6))
+        ev = [e for e in live.svc.events.recent(100) if e.kind == "controller_config"][-1]
+        assert ev.data["slo_ttft_p99_s"] == 2.5 and ev.data["max"] == 6
+        await until(pilot, lambda: "TTFT 2.50 s" in text(app.screen.query_one("#control-state")))
+
+
+def _stored_sweep(live: Live) -> tuple[int, list[SweepPoint]]:
+    points = _sweep()
+    knee = find_knee(points)
+    result = {
+        "levels": [{"concurrency": p.concurrency, "point": dataclasses.asdict(p)} for p in points],
+        "knee": knee.to_dict(),
+        "knee_limit": knee.concurrency,
+        "pareto": [p.concurrency for p in pareto_front(points)],
+        "capped_by_daemon_limit": None,
+    }
+    return live.svc.store.add_benchmark("maintenance", result), points
+
+
+async def test_a_benchmark_objective_becomes_the_ceiling_through_the_confirmation(
+    live: Live,
+) -> None:
+    bench_id, points = _stored_sweep(live)
+    knee = find_knee(points).concurrency
+    ctl = live.svc.controller
+    app = tui(live.client())
+    async with app.run_test(size=(100, 30)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        await pilot.press("b")
+        table = app.screen.query_one("#runs", DataTable)
+        await until(pilot, lambda: table.row_count == 1)
+        await press(pilot, app, "#apply-knee")
+        assert f"run {bench_id}'s knee" in await _answer(pilot, app, "n")
+        await pilot.pause(0.3)
+        assert ctl.ceiling is None
+        await press(pilot, app, "#apply-knee")
+        await _answer(pilot, app, "y")
+        await until(pilot, lambda: ctl.ceiling == knee)
+        await until(pilot, lambda: any(f"ceiling now {knee}: the knee at" in s for s in seen))
+        # A Pareto level chosen by eye; one off the front is refused by the daemon.
+        app.screen.query_one("#pareto-level", Input).value = "32"
+        await press(pilot, app, "#apply-level")
+        await _answer(pilot, app, "y")
+        await until(pilot, lambda: any("level: 32 is not on this run's Pareto" in s for s in seen))
+        assert ctl.ceiling == knee
+        app.screen.query_one("#pareto-level", Input).value = "4"
+        await press(pilot, app, "#apply-level")
+        assert "run 1's 4" in await _answer(pilot, app, "y")
+        await until(pilot, lambda: ctl.ceiling == 4)
+        await press(pilot, app, "#apply-score")
+        await _answer(pilot, app, "y")
+        best = weighted_score(points, live.svc.config.bench.weights.to_policy()).best_concurrency
+        await until(pilot, lambda: ctl.ceiling == best and any("weighted score" in s for s in seen))
+    # The ceiling and who set it are kept for the next start.
+    assert live.svc.store.kept_ceiling() == (best, ctl_source(live))
+
+
+def ctl_source(live: Live) -> str:
+    (ev,) = [e for e in live.svc.events.recent(200) if e.kind == "ceiling"][-1:]
+    return ev.reason.removeprefix(f"concurrency ceiling set to {ev.data['ceiling']} from ")
+
+
+async def test_thresholds_roll_back_through_the_confirmation(live: Live) -> None:
+    svc = live.svc
+    configured = svc.thresholds.current().derate_core_c
+    now = time.time()
+    for i in range(40):  # a quarter at a steady 70 °C: recalibration derates at 73 °C
+        svc.store.add_metric_sample(now - 1000 + i, 0, {"core_temp_c_max": 70.0})
+    app = tui(live.client())
+    async with app.run_test(size=(100, 30)) as pilot:
+        seen = record_notifications(app)
+        await until(pilot, lambda: app.model.connection.link is Link.UP)
+        async with aiohttp.ClientSession() as s:
+            headers = {"Authorization": f"Bearer {read_token_file(live.token_file).value}"}
+            async with s.post(live.url + "/admin/jobs/recalibrate/run?force=1", headers=headers):
+                pass
+        await until(pilot, lambda: svc.thresholds.current().derate_core_c == 73.0)
+        await pilot.press("j")
+        shown = app.screen.query_one("#thresholds")
+        await until(pilot, lambda: "set 2 from recalibration: derate at 73.0" in text(shown))
+        await press(pilot, app, "#rollback")
+        assert "Roll the thresholds back" in await _answer(pilot, app, "n")
+        await pilot.pause(0.3)
+        assert svc.thresholds.current().derate_core_c == 73.0
+        await press(pilot, app, "#rollback")
+        await _answer(pilot, app, "y")
+        await until(pilot, lambda: svc.thresholds.current().derate_core_c == configured)
+        await until(pilot, lambda: any("rolled back to set" in s for s in seen))
+        await until(pilot, lambda: "in force: set 1 from config" in text(shown))

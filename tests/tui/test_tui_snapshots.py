@@ -201,6 +201,26 @@ KEYS = {
 }
 
 
+THRESHOLDS: dict[str, Any] = {
+    "active": {
+        "id": 2,
+        "ts_s": T0 - 86400,
+        "source": "recalibration",
+        "data": {"derate_core_c": 83.0, "protect_mem_c": 94.0, "slo_ttft_p99_s": 4.5},
+    },
+    "previous": [
+        {
+            "id": 1,
+            "ts_s": T0 - 90 * 86400,
+            "source": "config",
+            "state": "previous",
+            "data": {"derate_core_c": 85.0, "protect_mem_c": 95.0, "slo_ttft_p99_s": 5.0},
+        }
+    ],
+    "rolled_back": [],
+}
+
+
 class StubClient:
     """The interface of appliance.client.AdminClient, answering fixed data (snapshots only)."""
 
@@ -230,6 +250,15 @@ class StubClient:
 
     async def benchmarks(self) -> dict[str, Any]:
         return copy.deepcopy(BENCH)
+
+    async def apply_benchmark(self, bench_id: int, objective: dict[str, Any]) -> dict[str, Any]:
+        return {"id": bench_id, "applied": True, "ceiling": 8, "reason": "the knee at 8"}
+
+    async def thresholds(self) -> dict[str, Any]:
+        return copy.deepcopy(THRESHOLDS)
+
+    async def rollback_thresholds(self) -> dict[str, Any]:
+        return {"restored": {"id": 1, "source": "config"}}
 
     async def usage(self, from_day: str | None = None, to_day: str | None = None) -> dict[str, Any]:
         return copy.deepcopy(USAGE)

@@ -1,12 +1,13 @@
-"""Benchmarks: throughput and P99 TTFT against concurrency, the knee marked; past runs."""
+"""Benchmarks: throughput and P99 TTFT against concurrency, the knee marked; past runs; the
+selected run's knee, best score or a Pareto level made the controller's ceiling (asked first)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Static
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Button, DataTable, Input, Static
 
 from tui import fmt
 from tui.screens.base import ApplianceScreen
@@ -84,6 +85,11 @@ class BenchmarksScreen(ApplianceScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="bench-note")
+        with Horizontal(classes="button-row", id="bench-actions"):
+            yield Button("Knee as ceiling", id="apply-knee")
+            yield Button("Best score", id="apply-score")
+            yield Input(placeholder="level", id="pareto-level", type="integer")
+            yield Button("Pareto level", id="apply-level")
         with VerticalScroll(id="bench"):
             yield DataTable(id="runs", cursor_type="row")
             yield Static("", id="curve", classes="panel")
@@ -135,3 +141,36 @@ class BenchmarksScreen(ApplianceScreen):
         found = runs(self.tui.model.benchmarks)
         if 0 <= event.cursor_row < len(found):
             self.query_one("#curve", Static).update(curve(_result(found[event.cursor_row])))
+
+    def _selected_id(self) -> int | None:
+        found = runs(self.tui.model.benchmarks)
+        row = self.query_one("#runs", DataTable).cursor_row
+        run_id = found[row].get("id") if 0 <= row < len(found) else None
+        return run_id if isinstance(run_id, int) else None
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        button = event.button.id or ""
+        if not button.startswith("apply-"):
+            return
+        run_id = self._selected_id()
+        if run_id is None:
+            self.notify("no benchmark run selected", severity="warning")
+            return
+        if button == "apply-knee":
+            self.tui.confirm_apply_benchmark(run_id, {"objective": "knee"})
+        elif button == "apply-score":
+            self.tui.confirm_apply_benchmark(run_id, {"objective": "score"})
+        else:
+            self._apply_level(run_id)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        run_id = self._selected_id()
+        if event.input.id == "pareto-level" and run_id is not None:
+            self._apply_level(run_id)
+
+    def _apply_level(self, run_id: int) -> None:
+        text = self.query_one("#pareto-level", Input).value.strip()
+        if not text.isdigit() or int(text) < 1:
+            self.notify(f"level: a level of the Pareto front (·), got {text!r}", severity="error")
+            return
+        self.tui.confirm_apply_benchmark(run_id, {"objective": "level", "level": int(text)})

@@ -1,11 +1,13 @@
-"""Maintenance jobs: schedule, next run, recent outcomes; run one now after a confirmation."""
+"""Maintenance jobs: schedule, next run, recent outcomes; run one now after a confirmation.
+The threshold sets: the one in force and the earlier ones, with a rollback (asked first)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Static
+from textual.containers import Horizontal
+from textual.widgets import Button, DataTable, Static
 
 from tui import fmt
 from tui.screens.base import ApplianceScreen
@@ -62,6 +64,41 @@ def history_text(job: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+THRESHOLD_KEYS = (
+    ("derate_core_c", "derate at", " °C"),
+    ("protect_mem_c", "protect HBM at", " °C"),
+    ("slo_ttft_p99_s", "SLO p99 TTFT", " s"),
+)
+
+
+def _set_text(data: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{label} {fmt.num(data.get(key), unit, 1)}"
+        for key, label, unit in THRESHOLD_KEYS
+        if key in data
+    )
+
+
+def thresholds_text(payload: dict[str, Any] | None) -> str:
+    """The set in force and the earlier ones (rollback targets), newest first."""
+    if not payload:
+        return "thresholds: not loaded"
+    active = payload.get("active") or {}
+    lines = [
+        f"[b]thresholds[/] in force: set {active.get('id') or '-'} from "
+        f"{active.get('source', fmt.NA)}: {_set_text(active.get('data') or {})}"
+    ]
+    previous = payload.get("previous") or []
+    for entry in previous[:3]:
+        lines.append(
+            f"  earlier set {entry.get('id')} ({fmt.when(entry.get('ts_s'))}, "
+            f"{entry.get('source', '')}): {_set_text(entry.get('data') or {})}"[:110]
+        )
+    if not previous:
+        lines.append("  no earlier set: nothing to roll back to")
+    return "\n".join(lines)
+
+
 class MaintenanceScreen(ApplianceScreen):
     """Enter on a job asks, then runs it through POST /admin/jobs/{name}/run."""
 
@@ -71,6 +108,9 @@ class MaintenanceScreen(ApplianceScreen):
         yield Static("", id="jobs-note")
         yield DataTable(id="jobs", cursor_type="row")
         yield Static("", id="job-history")
+        yield Static("", id="thresholds")
+        with Horizontal(classes="button-row"):
+            yield Button("Roll back thresholds", id="rollback", variant="warning")
 
     def on_mount(self) -> None:
         table = self.query_one("#jobs", DataTable)
@@ -79,18 +119,25 @@ class MaintenanceScreen(ApplianceScreen):
         self._drawn: list[dict[str, Any]] | None = None
         self._note: str | None = None
         self._history: str | None = None
+        self._thresholds: str | None = None
         self._job_events = self.tui.model.job_events
 
     def on_screen_resume(self) -> None:
         self._job_events = self.tui.model.job_events  # the load below covers them
         super().on_screen_resume()
         self.tui.load_jobs()
+        self.tui.load_thresholds()
 
     def show(self, model: Model) -> None:
         if model.job_events != self._job_events:
             # A job started or finished: fetch the history again (it redraws when it lands).
             self._job_events = model.job_events
             self.tui.load_jobs()
+            self.tui.load_thresholds()  # a recalibration may have made a new set
+        thr = model.thresholds_error or thresholds_text(model.thresholds)
+        if thr != self._thresholds:
+            self._thresholds = thr
+            self.query_one("#thresholds", Static).update(thr)
         jobs = job_list(model.jobs)
         note = model.jobs_error or ("" if jobs else "no jobs reported")
         if note != self._note:
@@ -126,3 +173,7 @@ class MaintenanceScreen(ApplianceScreen):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if 0 <= event.cursor_row < len(self._names):
             self.tui.confirm_run_job(self._names[event.cursor_row])
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "rollback":
+            self.tui.confirm_rollback_thresholds()
