@@ -101,8 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--extend-to",
         type=int,
-        help="a sweep still rising at its largest level doubles up to this level "
-        "(default: engine.max_num_seqs of the config; 0: never extend)",
+        help="a sweep still rising at its largest level doubles up to this level, e.g. the "
+        "engine's max_num_seqs (default: measure only --concurrency)",
     )
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests before measuring")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -146,8 +146,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ValueError(f"warmup: must be >= 0, got {args.warmup}")
     if args.objective is not None:
         Objective.parse(args.objective)  # ValueError names the option
-    if args.extend_to is not None and args.extend_to < 0:
-        raise ValueError(f"extend-to: must be >= 0 (0: never extend), got {args.extend_to}")
+    if args.extend_to is not None and args.extend_to < 1:
+        raise ValueError(f"extend-to: must be >= 1, got {args.extend_to}")
     for name in ("slo_ttft_s", "slo_tpot_s"):
         value = getattr(args, name)
         if value is not None and not value > 0:
@@ -179,7 +179,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY") or None,
         admin_token=daemon.token.value,
         warmup_requests=args.warmup,
-        extend_to=cfg.engine.max_num_seqs if args.extend_to is None else args.extend_to or None,
+        extend_to=args.extend_to,
     )
     return BenchPlan(settings, slo, cfg.bench.weights.to_policy(), daemon)
 

@@ -163,12 +163,16 @@ class ControlLoop:
         widened to it) for the block, then put mode, manual limit and bounds back. For a
         benchmark that must measure the engine, not this daemon's limit."""
         mode, manual, max_limit = self.mode, self.manual_limit, self.cfg.max_limit
+        base = self._admission.base_limit
         self.configure(
             source=source, mode="manual", limit=limit, max_limit=max(limit, max_limit)
         )
         try:
             yield
         finally:
+            # Auto mode steers on from the limit in force: give it back the one it had, not
+            # the opened one.
+            self._admission.set_limit(base)
             self.configure(
                 source=f"{source}, ended", mode=mode.value, limit=manual, max_limit=max_limit
             )

@@ -83,8 +83,26 @@ async def test_rebenchmark_job_stores_its_sweep(daemon: Daemon):
             benches = (await r.json())["benchmarks"]
         async with admin.get(daemon.url + "/admin/history?since_s=0") as r:
             rows = (await r.json())["rows"]
-    assert benches and benches[0]["id"] == run["details"]["benchmark_id"]
-    levels = [lv["concurrency"] for lv in benches[0]["result"]["levels"]]
-    assert levels == [1, 2]
-    assert run["details"]["best_output_tok_s"] > 0
+    d = run["details"]
+    assert benches and benches[0]["id"] == d["benchmark_id"]
+    result = benches[0]["result"]
+    levels = [lv["concurrency"] for lv in result["levels"]]
+    tuning = result["tuning"]
+    print(
+        f"re-benchmark (three-phase tuning): levels {levels}, "
+        f"tok/s {[round(lv['point']['output_tok_s'], 1) for lv in result['levels']]}, "
+        f"recommended limit {tuning['recommended_limit']} ({tuning['reason']})"
+    )
+    # Baseline 8, then doubling up to the engine's max_num_seqs (32 here) at most.
+    # (Downward instead where the baseline already breaks the SLO.)
+    assert d["mode"] == "tuning" and 8 in levels and set(levels) <= {1, 2, 4, 8, 16, 32}
+    knee = tuning["knee"]
+    if knee["still_rising"]:
+        # Still paying at the top: no ceiling, whatever an earlier run set.
+        assert levels[-1] == 32 and d["ceiling_set"] is None and tuning["recommended_limit"] is None
+    elif not knee["slo_limited"]:
+        # Bent: the level past the knee was measured, and the ceiling is not below the knee.
+        assert knee["throughput_knee"] < levels[-1]
+        assert d["ceiling_set"] == tuning["recommended_limit"] >= knee["throughput_knee"]
+    assert d["best_output_tok_s"] > 0
     assert len(rows) > 5 and "in_flight" in rows[-1] and "core_temp_c_max" in rows[-1]

@@ -334,6 +334,22 @@ async def test_cli_table_shows_knee_front_and_scores(app: App, capsys: pytest.Ca
     assert "best score:" in out and "note: telemetry: no admin token" in out
 
 
+async def test_cli_objective_hands_the_best_score_on_as_the_ceiling(
+    app: App, capsys: pytest.CaptureFixture
+):
+    argv = ["--url", app.url, "--concurrency", "1,2", "--requests-per-level", "2"]
+    argv += ["--max-tokens", "2", "--token-file", str(app.token_file), "--json"]
+    rc = await asyncio.to_thread(bench_cmd.main, [*argv, "--objective", "score"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    best = json.loads(captured.out)["scores"]["best_concurrency"]
+    assert f"the controller's ceiling is now {best} (the best weighted score" in captured.err
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {app.token}"}
+        async with s.get(app.url + "/admin/status", headers=headers) as r:
+            assert (await r.json())["controller"]["ceiling"] == best
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -344,6 +360,8 @@ async def test_cli_table_shows_knee_front_and_scores(app: App, capsys: pytest.Ca
         (["--max-tokens", "-1"], "bench: max-tokens: must be >= 1, got -1"),
         (["--slo-ttft-s", "0"], "bench: slo-ttft-s: must be > 0, got 0.0"),
         (["--token-file", "/nonexistent/token"], "bench: token-file: cannot read"),
+        (["--objective", "best"], "bench: objective: must be one of knee, score, level"),
+        (["--extend-to", "0"], "bench: extend-to: must be >= 1, got 0"),
     ],
 )
 def test_cli_bad_input_exits_2_naming_the_option(

@@ -160,6 +160,139 @@ async def test_benchmark_ceiling_survives_a_daemon_restart(tmp_path: Path, start
     assert ev.data == {"ceiling": 6} and "stored benchmark 1" in ev.reason
 
 
+class SleepyEngine(FakeEngine):
+    """50 ms a token, however many run: the benchmark's own overhead stays out of the curve,
+    so it scales with concurrency up to max_num_seqs like a box far from saturation."""
+
+    def __init__(self, token_delay_s: float, **kw: Any) -> None:
+        super().__init__(token_delay_s=0.05, **kw)
+
+
+async def test_rebenchmark_still_rising_extends_to_max_num_seqs_and_sets_no_ceiling(
+    tmp_path: Path, started
+):
+    # Requests that wait on time, side by side: throughput rises with each level.
+    app = await _start(
+        tmp_path,
+        SleepyEngine,
+        benchmark_mode="sweep",
+        benchmark_concurrency=[1, 2],
+        benchmark_requests_per_level=2,
+        benchmark_max_tokens=2,
+    )
+    started.append(app)
+    ctl = app.svc.controller
+    ctl.set_ceiling(2, "an older run")
+    mode, limit = ctl.mode, app.svc.admission.base_limit
+    run = await app.run_job("benchmark")
+    assert run["outcome"] == "ok", run
+    d = run["details"]
+    # Doubled past the configured [1, 2] up to engine.max_num_seqs (64), never beyond.
+    assert d["levels"] == [1, 2, 4, 8, 16, 32, 64] and d["mode"] == "sweep"
+    assert d["still_rising"] is True and d["knee_limit"] is None and d["ceiling_set"] is None
+    # The old ceiling of 2 would have capped a box still scaling at 64: it is gone, for good.
+    assert ctl.ceiling is None and app.svc.store.kept_ceiling()[0] is None
+    lifted = [e for e in app.svc.events.recent(300) if e.kind == "ceiling"][-1]
+    assert "lifted" in lifted.reason and "still rising at 64" in lifted.reason
+    # The daemon's limit was opened for the run only: mode and limit are back.
+    assert ctl.mode == mode and app.svc.admission.base_limit == limit
+    sources = [
+        e.data["source"] for e in app.svc.events.recent(300) if e.kind == "controller_config"
+    ]
+    assert sources == ["the monthly benchmark", "the monthly benchmark, ended"]
+
+
+async def test_rebenchmark_runs_the_three_phase_tuning_by_default(tmp_path: Path, started):
+    app = await _start(
+        tmp_path, SleepyEngine, benchmark_requests_per_level=2, benchmark_max_tokens=2
+    )
+    started.append(app)
+    run = await app.run_job("benchmark")
+    assert run["outcome"] == "ok", run
+    d = run["details"]
+    assert d["mode"] == "tuning" and d["levels"] == [8, 16, 32, 64]
+    stored = app.svc.store.benchmarks(limit=1)[0]["result"]
+    assert stored["tuning"]["baseline"]["concurrency"] == 8
+    assert stored["tuning"]["recommended_limit"] is None and d["ceiling_set"] is None
+
+
+def _sweep_report() -> dict[str, Any]:
+    from appliance.domain.sweep_analysis import SweepPoint, find_knee, pareto_front
+
+    def point(c: int, tok: float, p99: float) -> SweepPoint:
+        return SweepPoint(c, tok, c / 2, p99 / 2, p99, 0.02, 0.04, p99 + 1)
+
+    points = [point(1, 40, 0.1), point(2, 75, 0.12), point(4, 130, 0.2), point(8, 190, 0.5)]
+    points += [point(16, 200, 1.9), point(32, 195, 3.0)]
+    knee = find_knee(points)
+    return {
+        "levels": [{"concurrency": p.concurrency, "point": p.to_dict()} for p in points],
+        "knee": knee.to_dict(),
+        "knee_limit": knee.concurrency,
+        "pareto": [p.concurrency for p in pareto_front(points)],
+        "capped_by_daemon_limit": None,
+    }
+
+
+async def test_apply_a_stored_run_by_objective(tmp_path: Path, started):
+    app = await _start(tmp_path)
+    started.append(app)
+    c, ctl = app.client, app.svc.controller
+    r = await c.post("/admin/benchmarks", json=_sweep_report(), headers=app.admin())
+    bench_id = (await r.json())["id"]
+    url = f"/admin/benchmarks/{bench_id}/apply"
+    assert (await c.post(url, json={})).status == 401
+    r = await c.post(url, json={}, headers=app.admin())
+    assert r.status == 200 and (await r.json())["ceiling"] == 8 == ctl.ceiling
+    r = await c.post(url, json={"objective": "level", "level": 4}, headers=app.admin())
+    body = await r.json()
+    assert body["ceiling"] == 4 and body["reason"].startswith("the Pareto point 4 chosen")
+    r = await c.post(
+        url,
+        json={"objective": "score", "weights": {"latency": 1, "throughput": 0}},
+        headers=app.admin(),
+    )
+    assert (await r.json())["ceiling"] == 1 == ctl.ceiling
+    ev = [e for e in app.svc.events.recent(100) if e.kind == "ceiling"][-1]
+    assert f"benchmark run {bench_id}, objective score: the best weighted score" in ev.reason
+    for body, param, text in (
+        ({"objective": "level", "level": 32}, "level", "level: 32 is not on this run's Pareto"),
+        ({"objective": "best"}, "objective", "objective: must be one of knee, score, level"),
+        ({"objective": "score", "weights": {"latency": -1}}, "weights", "weights.latency"),
+        ({"weight": 1}, "weight", "weight: unknown field"),
+    ):
+        r = await c.post(url, json=body, headers=app.admin())
+        err = (await r.json())["error"]
+        assert r.status == 400 and err["param"] == param and text in err["message"], err
+    assert ctl.ceiling == 1
+    r = await c.post("/admin/benchmarks/999/apply", json={}, headers=app.admin())
+    assert r.status == 404
+    # ?apply=1&objective= on the CLI's POST does the same in one call.
+    r = await c.post(
+        "/admin/benchmarks?apply=1&objective=16", json=_sweep_report(), headers=app.admin()
+    )
+    assert (await r.json())["ceiling"] == 16 == ctl.ceiling
+
+
+async def test_the_kept_ceiling_wins_over_older_runs_at_start(tmp_path: Path, started):
+    app = await _start(tmp_path)
+    r = await app.client.post("/admin/benchmarks", json=_sweep_report(), headers=app.admin())
+    bench_id = (await r.json())["id"]
+    r = await app.client.post(
+        f"/admin/benchmarks/{bench_id}/apply", json={"objective": "4"}, headers=app.admin()
+    )
+    assert (await r.json())["ceiling"] == 4
+    await app.client.close()
+    again = await _start(tmp_path)
+    started.append(again)
+    # Not the stored run's knee (8): the level the operator chose, and who chose it.
+    assert again.svc.controller.ceiling == 4
+    ev = [e for e in again.svc.events.recent(100) if e.kind == "ceiling"][-1]
+    assert ev.reason.startswith("concurrency ceiling set to 4 from the kept ceiling (benchmark")
+    again.svc.controller.clear_ceiling("a run still rising")
+    assert again.svc.store.kept_ceiling() == (None, "a run still rising")
+
+
 async def test_rebenchmark_job_reports_a_regression(tmp_path: Path, started):
     store = StateStore(tmp_path / "appliance.db")
     # A previous run far faster than a fake engine can go.
