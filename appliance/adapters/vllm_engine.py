@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import gc
@@ -11,8 +12,8 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import psutil
 
@@ -27,6 +28,17 @@ from appliance.domain.engine_types import (
 from appliance.errors import EngineDead, EngineStartError
 
 log = logging.getLogger("appliance.engine")
+T = TypeVar("T")
+
+# Every engine start and stop runs on this one thread. On the event loop's shared pool each
+# restart could land on another worker thread, and glibc gives each thread its own malloc
+# arena: the tokenizers and serving objects of successive engines then fragment several
+# arenas that malloc_trim cannot shrink, and the daemon's RSS creeps up restart by restart.
+_ENGINE_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-life")
+
+
+async def _on_engine_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, fn, *args)
 
 
 class _StatsSink:
@@ -92,7 +104,7 @@ class VllmEngine:
             raise EngineStartError(f"engine.model: {self._model_dir} has no config.json")
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
-            self._llm = await asyncio.to_thread(self._build)
+            self._llm = await _on_engine_thread(self._build)
         except EngineStartError:
             raise
         except Exception as exc:  # vLLM raises many types; the cause is in the message
@@ -288,8 +300,8 @@ class VllmEngine:
             return
         llm, self._llm = self._llm, None
         self._frontend = None
-        await asyncio.to_thread(llm.shutdown)
-        await asyncio.to_thread(_reap, self._children, 10.0)
+        await _on_engine_thread(llm.shutdown)
+        await _on_engine_thread(_reap, self._children, 10.0)
         _forget_engine_memos()
         gc.collect()
         _give_memory_back()
