@@ -1,9 +1,11 @@
 """Graceful restarts of the real engine cost the daemon no open file and no memory.
 
 Before: each restart kept the old engine's tokenizers alive (vLLM's keyword memo held the
-per-start tokenizer pool's functions) and two open pipes (engine processes reaped behind
-multiprocessing's back), +45 to +78 MiB and +2 files a restart. The longer measurement (10
-restarts) is `python bench/restart_cost.py`; here three keep the suite short.
+per-start tokenizer pool's functions), two open pipes (engine processes reaped behind
+multiprocessing's back), and one whole old engine (the traceback of vLLM's stored torchcodec
+import error held the frames that built it): +45 to +78 MiB and +2 files a restart. Ten
+restarts, as the issue asks: after the first, RSS grows < 2 % and open files not at all.
+`python bench/restart_cost.py --restarts 10` prints the same table outside the suite.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tests.conftest import Daemon
 
 pytestmark = pytest.mark.engine
 
-RESTARTS = 3
+RESTARTS = 10
 
 
 def _rss_mib(pid: int) -> float:
@@ -56,6 +58,5 @@ async def test_restarts_leave_no_open_file_and_no_memory_behind(daemon: Daemon):
     print(f"\nafter each restart (RSS MiB, open files): {samples}")
     (rss_first, fds_first), (rss_last, fds_last) = samples[0], samples[-1]
     assert fds_last <= fds_first, samples
-    # Before the fix two more restarts added 90-150 MiB here; the bound leaves room for the
-    # allocator's noise (about 15 MiB either way on this engine).
-    assert rss_last < rss_first * 1.05, samples
+    # Before the fixes nine more restarts added 400+ MiB here.
+    assert rss_last < rss_first * 1.02, samples

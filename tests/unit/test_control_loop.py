@@ -110,3 +110,32 @@ async def test_the_latest_fresh_forecast_feeds_the_tick():
     for _ in range(3):
         latency.add(clock.now_s, 0.1)
     assert loop.tick().action is Action.HOLD
+
+
+def test_opened_holds_a_manual_limit_for_the_block_then_puts_everything_back():
+    clock = Clock()
+    loop, admission, _, events = _loop(clock)
+    loop.set_ceiling(3, "an older run")
+    loop.tick()
+    assert admission.base_limit == 3
+    with loop.opened(16, "the monthly benchmark"):
+        # Above the ceiling and the configured max (8): the benchmark measures the engine.
+        assert loop.mode is ControlMode.MANUAL and admission.base_limit == 16
+        assert loop.cfg.max_limit == 16
+        loop.clear_ceiling("a run still rising")
+    assert loop.mode is ControlMode.AUTO and loop.cfg.max_limit == 8
+    assert admission.base_limit == 3  # the limit auto mode had (the ceiling's), not 16
+    assert loop.ceiling is None  # what the run decided stays
+    sources = [e.data["source"] for e in events.recent() if e.kind == "controller_config"]
+    assert sources == ["the monthly benchmark", "the monthly benchmark, ended"]
+
+
+def test_ceiling_changes_are_kept_except_when_restored():
+    clock = Clock()
+    kept: list[tuple[int | None, str]] = []
+    loop, *_ = _loop(clock)
+    loop._keep_ceiling = lambda ceiling, source: kept.append((ceiling, source))
+    loop.set_ceiling(6, "run 1")
+    loop.set_ceiling(6, "the kept ceiling (run 1)", keep=False)
+    loop.clear_ceiling("run 2")
+    assert kept == [(6, "run 1"), (None, "run 2")]
