@@ -39,4 +39,11 @@ def build_app(
     for table in (health.routes, openai.routes, admin.routes, maintenance.routes, usage.routes):
         app.add_routes(table)
     app.cleanup_ctx.extend(contexts(svc))
+    # aiohttp's shutdown signal comes before it waits for open handlers: end the /admin/events
+    # streams there, or each connected console holds any runner's shutdown up.
+    app.on_shutdown.append(_end_event_streams)
     return app
+
+
+async def _end_event_streams(app: web.Application) -> None:
+    app[SERVICES].events.close()
