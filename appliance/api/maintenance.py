@@ -127,8 +127,9 @@ def _objective(svc: Services, body: dict[str, Any]) -> Objective:
     raw = body.get("weights")
     try:
         if raw is not None:
-            if not isinstance(raw, dict):
-                raise ValueError("weights: an object of latency, throughput, utilisation, energy")
+            names = ("latency", "throughput", "utilisation", "energy")
+            if not isinstance(raw, dict) or not set(raw) <= set(names):
+                raise ValueError(f"weights: an object of {', '.join(names)}, got {raw!r}")
             weights = ScoreWeights(**{k: float(v) for k, v in raw.items()})
         kind = str(body.get("objective", "knee"))
         if kind.isdigit():

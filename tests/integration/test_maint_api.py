@@ -272,6 +272,7 @@ async def test_apply_a_stored_run_by_objective(tmp_path: Path, started):
         ({"objective": "best"}, "objective", "objective: must be one of knee, score, level"),
         ({"objective": "score", "weights": {"latency": -1}}, "weights", "weights.latency"),
         ({"weight": 1}, "weight", "weight: unknown field"),
+        ({"objective": "score", "weights": {"speed": 1}}, "weights", "weights: an object of"),
     ):
         r = await c.post(url, json=body, headers=app.admin())
         err = (await r.json())["error"]
