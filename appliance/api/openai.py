@@ -214,7 +214,13 @@ def _token_estimate(body: dict[str, Any], prompt: str, svc: Services) -> int:
     count after the answer): about 4 characters a token of prompt, plus the answer's cap."""
     cap = body.get("max_completion_tokens") or body.get("max_tokens")
     answer = cap if isinstance(cap, int) and cap > 0 else svc.config.engine.max_tokens_default
-    return len(prompt) // 4 + 1 + answer
+    return _prompt_estimate(prompt) + answer
+
+
+def _prompt_estimate(prompt: str) -> int:
+    """The prompt's tokens as admission counts them, before vLLM tokenises it: about 4
+    characters a token (the prefill budget's rate is measured in the same unit)."""
+    return len(prompt) // 4 + 1
 
 
 def _reply_headers(call: CallRecord, ext: Extensions) -> dict[str, str]:
@@ -237,7 +243,10 @@ async def _admitted(
         svc.supervisor.check_admitting()
         deadline_s = arrived_s + ext.deadline_ms / 1000 if ext.deadline_ms else None
         assert call.key is not None
-        async with svc.admission.slot(ext.lane, deadline_s, call.key):
+        async with svc.admission.slot(
+            ext.lane, deadline_s, call.key, prefill_tokens=_prompt_estimate(call.prompt)
+        ) as slot:
+            outcome.on_first_token = slot.first_token
             outcome.admitted_s = time.monotonic()
             svc.metrics.queue_wait_seconds.labels(ext.lane.label).observe(
                 outcome.admitted_s - arrived_s

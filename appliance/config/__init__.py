@@ -180,6 +180,9 @@ class ControllerSettings(Section):
     # where it beat the EWMA baseline on this box's own history, else the EWMA); off: never.
     forecast: Literal["off", "auto"] = "auto"
     forecast_horizon_s: float = Field(30.0, gt=0, le=3600)
+    # Prefill budget (auto mode): prompt tokens admitted and still without a first token stay
+    # under what the engine clears in this share of the TTFT SLO; null: count alone.
+    prefill_ttft_share: float | None = 0.5
 
     def to_policy(self, slo: SloConfig, max_num_seqs: int) -> ControllerConfig:
         """The pure policy's frozen config; InvariantError when the numbers break its limits."""
@@ -195,6 +198,7 @@ class ControllerSettings(Section):
             kv_probe_max_ratio=min(0.8, self.kv_high_ratio),
             decrease_factor=self.decrease_factor,
             increase_step=self.increase_step,
+            prefill_ttft_share=self.prefill_ttft_share,
         )
 
 

@@ -89,6 +89,10 @@ class ControllerConfig:
     window_s: float = 30.0
     min_samples: int = 8
     tick_s: float = 2.0
+    # The prefill budget (domain/prefill.py): in auto mode admission keeps the prompt work
+    # waiting for its first token under what the engine clears in this share of the TTFT SLO
+    # (the rest is left for the queue wait). None: no budget, count alone.
+    prefill_ttft_share: float | None = 0.5
 
     def __post_init__(self) -> None:
         raise_problems(_config_problems(self))
@@ -155,6 +159,12 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
             problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
     if cfg.min_samples < 1:
         problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    if cfg.prefill_ttft_share is not None and not 0 < cfg.prefill_ttft_share <= 1:
+        problems.append(
+            Problem(
+                "prefill_ttft_share", f"must be in (0, 1] or null, got {cfg.prefill_ttft_share}"
+            )
+        )
     return problems
 
 

@@ -9,7 +9,7 @@ call, read by the engine client wrapper in every `generate` the serving class ma
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,9 @@ class Outcome:
     # The answer's text per engine request and choice, in arrival order (the audit log's
     # hash of the answer); the chunked path's answer is in `text`.
     choice_text: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    # Called once with the first token's time: admission takes the prompt out of its
+    # prefill backlog there (the controller's prefill budget).
+    on_first_token: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
     def add_text(self, engine_request_id: str, index: int, text: str) -> None:
         """Append a piece of one choice's answer."""
@@ -56,6 +59,8 @@ class Outcome:
             return
         if self.first_token_s is None:
             self.first_token_s = now_s
+            if self.on_first_token is not None:
+                self.on_first_token(now_s)
         self.last_token_s = now_s
         self.completion_tokens += count
 

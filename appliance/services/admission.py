@@ -14,6 +14,7 @@ from appliance.config import AdmissionConfig
 from appliance.domain.api_keys import ANONYMOUS, KeySpec, key_cap
 from appliance.domain.fair_queue import FairQueue
 from appliance.domain.lanes import Lane
+from appliance.domain.prefill import PrefillTracker
 from appliance.errors import ApplianceError, NotReady, Overloaded
 
 
@@ -33,6 +34,22 @@ class _Waiter:
     future: asyncio.Future[None]
     enqueued_s: float
     held_at_enqueue_s: float  # the queue's held-time counter when this request joined
+    prefill_tokens: int = 0
+
+
+class Slot:
+    """One granted engine slot; tells admission when the request's prefill ended."""
+
+    def __init__(self, queue: AdmissionQueue, prefill_tokens: int) -> None:
+        self._queue = queue
+        self.prefill_tokens = prefill_tokens
+        self.prefill_done = False
+
+    def first_token(self, now_s: float | None = None) -> None:
+        """The first token came: the prompt's work is out of the prefill backlog."""
+        if not self.prefill_done:
+            self.prefill_done = True
+            self._queue._prefill_finished(self, now_s, first_token=True)
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,8 @@ class AdmissionSnapshot:
     admitted_total: int
     running_by_key: dict[str, int]
     queued_by_key: dict[str, int]
+    prefill_budget_tokens: int | None = None
+    prefill_outstanding_tokens: int = 0
 
 
 class AdmissionQueue:
@@ -96,6 +115,9 @@ class AdmissionQueue:
         # count against admission.max_queue_wait_s: a restart must not turn into 429s.
         self._held_total_s = 0.0
         self._held_since_s: float | None = self._clock()
+        # Prompt tokens admitted whose first token has not come; the controller may cap them.
+        self.prefill = PrefillTracker()
+        self._prefill_budget: int | None = None
 
     @property
     def limit(self) -> int:
@@ -142,6 +164,8 @@ class AdmissionQueue:
             admitted_total=self._admitted_total,
             running_by_key=dict(self._running_by_key),
             queued_by_key=self._queued_by_key(),
+            prefill_budget_tokens=self._prefill_budget,
+            prefill_outstanding_tokens=self.prefill.outstanding_tokens,
         )
 
     def _queued_by_key(self) -> dict[str, int]:
@@ -156,6 +180,19 @@ class AdmissionQueue:
         if limit < 1:
             raise ValueError(f"concurrency limit must be >= 1, got {limit}")
         self._base_limit = limit
+        self._dispatch()
+
+    @property
+    def prefill_budget(self) -> int | None:
+        """The prefill backlog cap in prompt tokens (None: none)."""
+        return self._prefill_budget
+
+    def set_prefill_budget(self, tokens: int | None) -> None:
+        """Cap the prompt tokens admitted and still without a first token (None: no cap).
+        One request is always let in on an empty backlog, however long its prompt."""
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"prefill budget must be >= 1 token or None, got {tokens}")
+        self._prefill_budget = tokens
         self._dispatch()
 
     def set_derate(self, factor: float, protect: bool = False) -> None:
@@ -201,19 +238,40 @@ class AdmissionQueue:
 
     @asynccontextmanager
     async def slot(
-        self, lane: Lane, deadline_s: float | None = None, claimant: KeySpec = ANONYMOUS
-    ) -> AsyncIterator[None]:
-        """Hold one engine slot for the body; waits in the lane's queue if needed."""
-        await self._acquire(lane, deadline_s, claimant)
+        self,
+        lane: Lane,
+        deadline_s: float | None = None,
+        claimant: KeySpec = ANONYMOUS,
+        prefill_tokens: int = 0,
+    ) -> AsyncIterator[Slot]:
+        """Hold one engine slot for the body; waits in the lane's queue if needed.
+
+        prefill_tokens: the prompt's estimated tokens, held in the prefill backlog until
+        Slot.first_token() (or the slot's end)."""
+        if prefill_tokens < 0:
+            raise ValueError(f"prefill_tokens: must be >= 0, got {prefill_tokens}")
+        await self._acquire(lane, deadline_s, claimant, prefill_tokens)
+        slot = Slot(self, prefill_tokens)
         try:
-            yield
+            yield slot
         finally:
+            if not slot.prefill_done:
+                slot.prefill_done = True
+                self._prefill_finished(slot, None, first_token=False)
             self._release(lane, claimant)
 
-    async def _acquire(self, lane: Lane, deadline_s: float | None, claimant: KeySpec) -> None:
+    def _prefill_finished(self, slot: Slot, now_s: float | None, *, first_token: bool) -> None:
+        now = self._clock() if now_s is None else now_s
+        self.prefill.finish(slot.prefill_tokens, now, first_token=first_token)
+        self._changed.set()
+        self._dispatch()
+
+    async def _acquire(
+        self, lane: Lane, deadline_s: float | None, claimant: KeySpec, prefill_tokens: int = 0
+    ) -> None:
         self.check_lane(lane)
-        if self._can_run_now(lane, claimant):
-            self._grant(lane, claimant)
+        if self._can_run_now(lane, claimant, prefill_tokens):
+            self._grant(lane, claimant, prefill_tokens)
             return
         if len(self._lanes[lane]) >= self._capacity[lane]:
             raise Overloaded(
@@ -221,7 +279,9 @@ class AdmissionQueue:
                 retry_after_s=self._cfg.retry_after_s,
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(lane, claimant, loop.create_future(), self._clock(), self.held_s())
+        waiter = _Waiter(
+            lane, claimant, loop.create_future(), self._clock(), self.held_s(), prefill_tokens
+        )
         self._lanes[lane].push(claimant.name, waiter, claimant.weight)
         self._changed.set()
         # A waiter ahead may be held back only by its own key's share: this one may run now.
@@ -260,6 +320,7 @@ class AdmissionQueue:
     def _abandon(self, waiter: _Waiter) -> None:
         if waiter.future.done() and not waiter.future.cancelled():
             # granted in the same tick it gave up: hand it on
+            self.prefill.finish(waiter.prefill_tokens, self._clock(), first_token=False)
             self._release(waiter.lane, waiter.claimant)
             return
         waiter.future.cancel()
@@ -281,13 +342,24 @@ class AdmissionQueue:
         cap = key_cap(claimant, self.limit)
         return cap is None or self._running_by_key.get(claimant.name, 0) < cap
 
-    def _can_run_now(self, lane: Lane, claimant: KeySpec) -> bool:
+    def _prefill_fits(self, lane: Lane, tokens: int) -> bool:
+        """Within the prefill budget. Realtime is never held back by it (vLLM's priority
+        scheduler runs its prefill first), and an empty backlog always takes one request."""
+        budget = self._prefill_budget
+        if budget is None or lane is Lane.REALTIME or self.prefill.outstanding_requests == 0:
+            return True
+        return self.prefill.outstanding_tokens + tokens <= budget
+
+    def _can_run_now(self, lane: Lane, claimant: KeySpec, prefill_tokens: int = 0) -> bool:
         if not self._dispatching or not self._has_room(lane) or not self._under_cap(claimant):
+            return False
+        if not self._prefill_fits(lane, prefill_tokens):
             return False
         # Nobody of the same or a higher lane may be overtaken.
         return all(not self._lanes[other] for other in Lane if other <= lane)
 
-    def _grant(self, lane: Lane, claimant: KeySpec) -> None:
+    def _grant(self, lane: Lane, claimant: KeySpec, prefill_tokens: int = 0) -> None:
+        self.prefill.start(prefill_tokens, self._clock())
         self._running[lane] += 1
         self._running_by_key[claimant.name] = self._running_by_key.get(claimant.name, 0) + 1
         self._admitted_total += 1
@@ -309,14 +381,20 @@ class AdmissionQueue:
         for lane in Lane:
             queue = self._lanes[lane]
             while queue and self._has_room(lane):
-                # A key at its share waits; the other keys' requests go past it.
-                waiter = queue.pop(lambda head: self._under_cap(head.claimant))
+                # A key at its share waits; the other keys' requests go past it. Over the
+                # prefill budget, a key's head waits too (FIFO within a key).
+                waiter = queue.pop(
+                    lambda head: (
+                        self._under_cap(head.claimant)
+                        and self._prefill_fits(head.lane, head.prefill_tokens)
+                    )
+                )
                 if waiter is None:
                     break
                 if waiter.future.done():
                     continue
                 waiter.future.set_result(None)
-                self._grant(lane, waiter.claimant)
+                self._grant(lane, waiter.claimant, waiter.prefill_tokens)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until predicate() holds (re-checked on every change); False on timeout."""

@@ -20,6 +20,7 @@ from appliance.domain.controller import (
     initial_state,
 )
 from appliance.domain.latency_window import LatencyWindow
+from appliance.domain.prefill import PrefillBudget, budget_moved, prefill_budget
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.periodic import Periodic
@@ -63,6 +64,7 @@ class ControlLoop:
         self._clock = clock
         self.state = initial_state()
         self.last: ControlDecision | None = None
+        self.prefill: PrefillBudget | None = None
         self.decisions: list[dict[str, Any]] = []  # the recent changes, for status views
         self._periodic = Periodic("controller", self.tick, lambda: self.cfg.tick_s, log)
         # The load predictor runs off the loop (loading its model imports torch) on its own
@@ -111,10 +113,15 @@ class ControlLoop:
         new_mode = ControlMode(mode) if mode is not None else self.mode
         if limit is not None and limit < 1:
             raise ValueError(f"limit: must be >= 1, got {limit}")
+        to_auto = new_mode is ControlMode.AUTO and self.mode is ControlMode.MANUAL
         self._cfg, self.mode = new_cfg, new_mode
         if limit is not None:
             self.manual_limit = limit
-        if slo_changed:
+        if to_auto:
+            # Auto starts afresh from the limit in force: where the SLO broke before a manual
+            # spell says little about the load after it (and held a later probe down).
+            self.state = dataclasses.replace(initial_state(), last_change_s=self._clock())
+        elif slo_changed:
             # Latency judged against the old SLO says nothing about the new one: forget where
             # it broke and judge only what comes after this change.
             self.state = dataclasses.replace(
@@ -164,9 +171,7 @@ class ControlLoop:
         benchmark that must measure the engine, not this daemon's limit."""
         mode, manual, max_limit = self.mode, self.manual_limit, self.cfg.max_limit
         base = self._admission.base_limit
-        self.configure(
-            source=source, mode="manual", limit=limit, max_limit=max(limit, max_limit)
-        )
+        self.configure(source=source, mode="manual", limit=limit, max_limit=max(limit, max_limit))
         try:
             yield
         finally:
@@ -214,6 +219,7 @@ class ControlLoop:
         self.state, self.last = d.state, d
         if d.base_limit != snap.base_limit:
             self._admission.set_limit(d.base_limit)
+        self._steer_prefill(now)
         if d.changed:
             entry = {
                 "ts_s": time.time(),
@@ -233,6 +239,27 @@ class ControlLoop:
             if self._record is not None:
                 self._record(entry["ts_s"], d.limit, d.reason)
         return d
+
+    def _steer_prefill(self, now_s: float) -> None:
+        """The prefill budget for this tick; an event when it switches or moves by > 25 %."""
+        budget = prefill_budget(
+            self._admission.prefill.rate_tok_s(now_s),
+            self.cfg.slo_ttft_p99_s,
+            self.cfg.prefill_ttft_share,
+            auto=self.mode is ControlMode.AUTO,
+        )
+        old = self._admission.prefill_budget
+        self.prefill = budget
+        if budget.tokens != old:
+            self._admission.set_prefill_budget(budget.tokens)
+        if budget_moved(old, budget.tokens):
+            self._events.emit(
+                "prefill_budget",
+                budget.reason,
+                tokens=budget.tokens,
+                previous=old,
+                rate_tok_s=None if budget.rate_tok_s is None else round(budget.rate_tok_s, 1),
+            )
 
     async def refresh_forecast(self) -> None:
         """Ask the load predictor (in a thread) for the pending requests it expects."""
@@ -280,6 +307,15 @@ class ControlLoop:
                 "reason": self.last.reason,
             },
             "decisions": list(self.decisions),
+            "prefill": {
+                "budget_tokens": self._admission.prefill_budget,
+                "outstanding_tokens": self._admission.prefill.outstanding_tokens,
+                "rate_tok_s": None
+                if self.prefill is None or self.prefill.rate_tok_s is None
+                else round(self.prefill.rate_tok_s, 1),
+                "ttft_share": self.cfg.prefill_ttft_share,
+                "reason": None if self.prefill is None else self.prefill.reason,
+            },
             "forecast": None
             if self.forecast is None
             else {

@@ -139,3 +139,48 @@ def test_ceiling_changes_are_kept_except_when_restored():
     loop.set_ceiling(6, "the kept ceiling (run 1)", keep=False)
     loop.clear_ceiling("run 2")
     assert kept == [(6, "run 1"), (None, "run 2")]
+
+
+def _prefill_samples(admission: AdmissionQueue, clock: Clock, n: int, tokens: int, s: float):
+    """n prompts of `tokens`, each reaching its first token `s` after admission, one by one."""
+    for _ in range(n):
+        admission.prefill.start(tokens, clock.now_s)
+        clock.now_s += s
+        admission.prefill.finish(tokens, clock.now_s, first_token=True)
+
+
+def test_auto_sets_the_prefill_budget_from_the_measured_rate_and_manual_drops_it():
+    clock = Clock()
+    loop, admission, _, events = _loop(clock)
+    loop.tick()
+    assert admission.prefill_budget is None
+    assert "too few first tokens" in loop.snapshot()["prefill"]["reason"]
+    # 1000 prompt tokens a busy second; half the 1 s TTFT SLO: a 500-token budget.
+    _prefill_samples(admission, clock, 4, 500, 0.5)
+    loop.tick()
+    assert admission.prefill_budget == 500
+    snap = loop.snapshot()["prefill"]
+    assert snap["budget_tokens"] == 500 and snap["rate_tok_s"] == 1000.0
+    budget_events = [e for e in events.recent() if e.kind == "prefill_budget"]
+    assert budget_events and "prefill budget 500 tokens" in budget_events[-1].reason
+    # A small move is no event; a switch to manual drops the budget, with one.
+    loop.configure(mode="manual", limit=4)
+    assert admission.prefill_budget is None
+    assert [e for e in events.recent() if e.kind == "prefill_budget"][-1].data["tokens"] is None
+
+
+def test_switching_to_auto_forgets_where_the_slo_broke_before():
+    clock = Clock()
+    loop, admission, latency, _ = _loop(clock)
+    for _ in range(3):
+        latency.add(clock.now_s, 3.0)
+    clock.now_s += 1
+    loop.tick()
+    assert loop.state.breach_base == 4
+    loop.configure(mode="manual", limit=6)
+    assert loop.state.breach_base == 4  # manual keeps the record...
+    clock.now_s += 1
+    loop.configure(mode="auto")
+    # ...auto starts afresh from the limit in force, judging only what comes after.
+    assert loop.state.breach_base is None and not loop.state.barrier
+    assert admission.base_limit == 6

@@ -1,0 +1,733 @@
+"""Goodput on loads that change shape, replayed from a trace: the controller in auto vs
+unbounded admission vs the best static limit, that best found over the whole trace (an oracle).
+
+A trace (bench/traces/*.json) is a list of segments, each with a duration, an arrival rate as
+a multiple of the box's measured chat capacity (constant, or a linear ramp to `rate_x_end`),
+Poisson or bursty arrivals, a prompt length in tokens, and optionally a simulated-GPU fault
+(hot_room) and CPU-burning processes beside the engine over the segment (the box's compute
+slows, as a throttled GPU's clocks would). Rates are multiples of capacity so one trace means
+the same on a 2-core CPU box and on an H200.
+
+Goodput = requests that met the SLO (TTFT <= --slo-ttft-s and TPOT <= --slo-tpot-s, per
+request, from the client's side) per second of trace. Every arm runs the same arrivals (one
+seed per run) on one daemon, switched with PUT /admin/controller:
+
+  controller     {"mode": "auto"}: the AIMD count limit and the prefill budget
+  unbounded      manual limit 4096: every request goes to the engine (vLLM's own queue)
+  static:N       manual limit N, for each N of --levels: run once (seed 0) over the whole
+                 trace; the best is the oracle's static limit, then run for the other seeds
+
+Each cell is run --runs times (seeds 0..runs-1); the table gives medians and min-max.
+
+    .venv/bin/python bench/goodput_trace.py --start --traces phase_change,diurnal,thermal \
+        [--runs 3] [--levels 2,4,8,16,32] [--markdown docs/benchmarks.md] \
+        [--json-out docs/bench-goodput-traces.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from appliance.bench_runner import (  # noqa: E402
+    BenchSettings,
+    RequestSample,
+    Target,
+    connect,
+    document_prompt,
+    run_sweep,
+    stream_chat,
+)
+from appliance.client import AdminClient, AdminError  # noqa: E402
+from bench.goodput import (  # noqa: E402
+    ARRIVALS,
+    UNBOUNDED_LIMIT,
+    Daemon,
+    GoodputSlo,
+    _cancelled,
+    _load_session,
+    arrival_times,
+)
+from bench.report import MODEL_DIR, write_section  # noqa: E402
+
+TRACES_DIR = ROOT / "bench" / "traces"
+FAULTS = ("hot_room",)
+MAX_PROMPT_TOKENS = 1900  # the bench daemon's context is 2048 tokens, answers included
+
+# -- traces (pure) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a trace with one shape of load."""
+
+    duration_s: float
+    rate_x: float  # arrivals per second, as a multiple of the measured chat capacity
+    prompt_tokens: int
+    rate_x_end: float | None = None  # a linear ramp from rate_x to this; None: constant
+    arrival: str = "poisson"
+    fault: str | None = None  # a simulated-GPU fault over the whole segment
+    fault_delta_c: float = 10.0
+    slowdown_procs: int = 0  # CPU-burning processes beside the engine over the segment
+
+    def rate_at(self, t_s: float) -> float:
+        """The rate multiple t_s into the segment."""
+        if self.rate_x_end is None:
+            return self.rate_x
+        return self.rate_x + (self.rate_x_end - self.rate_x) * t_s / self.duration_s
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    description: str
+    segments: tuple[Segment, ...]
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.duration_s for s in self.segments)
+
+    def starts_s(self) -> list[float]:
+        """Each segment's start offset."""
+        out, t = [], 0.0
+        for s in self.segments:
+            out.append(t)
+            t += s.duration_s
+        return out
+
+
+_SEGMENT_KEYS = {f for f in Segment.__dataclass_fields__}
+
+
+def parse_trace(doc: Any, where: str = "trace") -> Trace:
+    """A Trace from its JSON; ValueError naming the field and its limit."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}.name: required, a non-empty string")
+    raw = doc.get("segments")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{where}.segments: required, a non-empty list")
+    segments = []
+    for i, seg in enumerate(raw):
+        at = f"{where}.segments[{i}]"
+        if not isinstance(seg, dict):
+            raise ValueError(f"{at}: must be an object")
+        unknown = sorted(set(seg) - _SEGMENT_KEYS)
+        if unknown:
+            raise ValueError(f"{at}.{unknown[0]}: unknown field; known: {sorted(_SEGMENT_KEYS)}")
+        for key in ("duration_s", "rate_x", "prompt_tokens"):
+            if key not in seg:
+                raise ValueError(f"{at}.{key}: required")
+        s = Segment(**seg)
+        if not (isinstance(s.duration_s, int | float) and s.duration_s > 0):
+            raise ValueError(f"{at}.duration_s: must be a number > 0, got {s.duration_s!r}")
+        for key in ("rate_x", "rate_x_end"):
+            v = getattr(s, key)
+            if v is not None and not (isinstance(v, int | float) and 0 <= v <= 100):
+                raise ValueError(f"{at}.{key}: must be a number in [0, 100], got {v!r}")
+        if max(s.rate_x, s.rate_x_end or 0) <= 0:
+            raise ValueError(f"{at}.rate_x: a segment with no arrivals; give a rate > 0")
+        if not isinstance(s.prompt_tokens, int) or not 8 <= s.prompt_tokens <= MAX_PROMPT_TOKENS:
+            raise ValueError(
+                f"{at}.prompt_tokens: must be a whole number in [8, {MAX_PROMPT_TOKENS}], "
+                f"got {s.prompt_tokens!r}"
+            )
+        if s.arrival not in ARRIVALS:
+            raise ValueError(f"{at}.arrival: must be one of {', '.join(ARRIVALS)}")
+        if s.fault is not None and s.fault not in FAULTS:
+            raise ValueError(f"{at}.fault: must be one of {', '.join(FAULTS)} or absent")
+        if not isinstance(s.slowdown_procs, int) or not 0 <= s.slowdown_procs <= 8:
+            raise ValueError(f"{at}.slowdown_procs: must be a whole number in [0, 8]")
+        segments.append(s)
+    return Trace(name, str(doc.get("description", "")), tuple(segments))
+
+
+def load_trace(name_or_path: str) -> Trace:
+    """A trace by name (bench/traces/NAME.json) or path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = TRACES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in TRACES_DIR.glob("*.json"))
+        raise ValueError(f"trace: {name_or_path!r} not found; shipped: {', '.join(known)}")
+    return parse_trace(json.loads(path.read_text()), where=path.stem)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_s: float
+    prompt_tokens: int
+    segment: int
+
+
+def schedule(trace: Trace, capacity_rps: float, seed: int) -> list[Arrival]:
+    """Every request of the trace: when it arrives, how long its prompt is, in which segment.
+
+    A ramp is drawn by thinning arrivals at its top rate (bursts keep their on/off shape)."""
+    if not capacity_rps > 0:
+        raise ValueError(f"capacity_rps: must be > 0, got {capacity_rps}")
+    out: list[Arrival] = []
+    for i, (seg, start) in enumerate(zip(trace.segments, trace.starts_s(), strict=True)):
+        top = max(seg.rate_x, seg.rate_x_end or 0.0) * capacity_rps
+        rng = random.Random(seed * 7919 + i)
+        times = arrival_times(seg.arrival, top, seg.duration_s, seed=seed * 104_729 + i)
+        for t in times:
+            if rng.random() * top <= seg.rate_at(t) * capacity_rps:
+                out.append(Arrival(start + t, seg.prompt_tokens, i))
+    return out
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Document words per prompt token on this endpoint (its tokenizer and chat template)."""
+
+    tokens_per_word: float
+    overhead_tokens: float
+
+    def words_for(self, tokens: int) -> int:
+        return max(1, round((tokens - self.overhead_tokens) / self.tokens_per_word))
+
+
+async def _prompt_tokens(session: aiohttp.ClientSession, target: Target, prompt: str) -> int:
+    body = {
+        "model": target.model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
+    async with session.post(
+        target.url + "/v1/chat/completions", json=body, headers=target.headers
+    ) as resp:
+        doc = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"calibration request failed: {resp.status} {doc}")
+    return int(doc["usage"]["prompt_tokens"])
+
+
+async def calibrate(session: aiohttp.ClientSession, target: Target) -> Calibration:
+    """Two 1-token requests: tokens per document word and the chat template's overhead."""
+    short = await _prompt_tokens(session, target, document_prompt(0, 0, 20))
+    long = await _prompt_tokens(session, target, document_prompt(0, 0, 400))
+    per_word = (long - short) / 380
+    return Calibration(per_word, short - 20 * per_word)
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    segment: int
+    sent: int
+    good: int
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    """One arm over one trace with one seed."""
+
+    trace: str
+    arm: str
+    seed: int
+    duration_s: float
+    sent: int
+    ok: int
+    good: int
+    rejected: int
+    failed: int
+    goodput_rps: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    phases: tuple[PhaseResult, ...]
+    timeline: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summarise(
+    trace: Trace,
+    arm: str,
+    seed: int,
+    arrivals: Sequence[Arrival],
+    samples: Sequence[RequestSample],
+    slo: GoodputSlo,
+    timeline: Sequence[dict[str, Any]] = (),
+) -> TraceRun:
+    """Goodput of one run, in all and per segment."""
+    good_flags = [slo.good(s) for s in samples]
+    ok = [s for s in samples if s.ok]
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    phases = []
+    for i in range(len(trace.segments)):
+        idx = [k for k, a in enumerate(arrivals) if a.segment == i]
+        phases.append(PhaseResult(i, len(idx), sum(good_flags[k] for k in idx)))
+    rejected = sum(s.status == 429 for s in samples)
+    good = sum(good_flags)
+    return TraceRun(
+        trace=trace.name,
+        arm=arm,
+        seed=seed,
+        duration_s=trace.duration_s,
+        sent=len(samples),
+        ok=len(ok),
+        good=good,
+        rejected=rejected,
+        failed=len(samples) - len(ok) - rejected,
+        goodput_rps=good / trace.duration_s,
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p99_s=_pct(ttft, 99),
+        phases=tuple(phases),
+        timeline=tuple(timeline),
+    )
+
+
+class _Episodes:
+    """Faults and CPU burners over their segments; everything undone however the run ends."""
+
+    def __init__(self, admin: AdminClient) -> None:
+        self.admin = admin
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    async def run(self, trace: Trace, t0: float) -> None:
+        for seg, start in zip(trace.segments, trace.starts_s(), strict=True):
+            if not seg.fault and not seg.slowdown_procs:
+                continue
+            delay = t0 + start - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if seg.fault:
+                with contextlib.suppress(AdminError):
+                    await self.admin.post(
+                        "/admin/telemetry/faults",
+                        {
+                            "name": seg.fault,
+                            "delta_c": seg.fault_delta_c,
+                            "duration_s": seg.duration_s,
+                        },
+                    )
+            for _ in range(seg.slowdown_procs):
+                self.procs.append(
+                    subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                )
+            await asyncio.sleep(max(0.0, t0 + start + seg.duration_s - time.perf_counter()))
+            self.stop_procs()
+
+    def stop_procs(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs.clear()
+
+    async def undo(self) -> None:
+        self.stop_procs()
+        with contextlib.suppress(AdminError):
+            await self.admin.delete("/admin/telemetry/faults")
+
+
+async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: float) -> None:
+    """The daemon's limit, derate, queue and prefill budget every `every_s` (for the plots)."""
+    while True:
+        snap = await daemon.status() or {}
+        adm = snap.get("admission") or {}
+        ctl = snap.get("controller") or {}
+        prefill = ctl.get("prefill") or {}
+        out.append(
+            {
+                "t_s": round(time.perf_counter() - t0, 2),
+                "limit": adm.get("limit"),
+                "derate": adm.get("derate_factor"),
+                "in_flight": adm.get("in_flight"),
+                "queued": sum((adm.get("queued") or {}).values()),
+                "prefill_budget_tokens": prefill.get("budget_tokens"),
+            }
+        )
+        await asyncio.sleep(every_s)
+
+
+async def replay(
+    session: aiohttp.ClientSession,
+    target: Target,
+    daemon: Daemon,
+    trace: Trace,
+    arrivals: Sequence[Arrival],
+    calib: Calibration,
+    max_tokens: int,
+    drain_s: float,
+    seed: int,
+) -> tuple[list[RequestSample], list[dict[str, Any]]]:
+    """Fire every arrival on time (open loop), run the trace's episodes; every outcome."""
+    episodes = _Episodes(daemon.admin)
+    timeline: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    side = [
+        asyncio.create_task(episodes.run(trace, t0)),
+        asyncio.create_task(_watch(daemon, t0, timeline, 2.0)),
+    ]
+    tasks: list[asyncio.Task[RequestSample]] = []
+    try:
+        for i, a in enumerate(arrivals):
+            delay = t0 + a.at_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            prompt = document_prompt(i, seed, calib.words_for(a.prompt_tokens))
+            kind = "document" if a.prompt_tokens >= 500 else "chat"
+            tasks.append(
+                asyncio.create_task(
+                    stream_chat(session, target, prompt, max_tokens, kind, seed=seed * 100_003 + i)
+                )
+            )
+        remaining = max(0.0, t0 + trace.duration_s + drain_s - time.perf_counter())
+        if tasks:
+            await asyncio.wait(tasks, timeout=remaining)
+    finally:
+        for task in side:
+            task.cancel()
+        await asyncio.gather(*side, return_exceptions=True)
+        await episodes.undo()
+    out = []
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            out.append(task.result())
+        else:
+            task.cancel()
+            out.append(_cancelled("chat", t0))
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return out, timeline
+
+
+# -- arms and the whole benchmark -------------------------------------------------------------
+
+
+def arm_body(arm: str, max_limit: int) -> dict[str, Any]:
+    """PUT /admin/controller for an arm: controller, unbounded or static:N."""
+    if arm == "controller":
+        return {"mode": "auto", "max": max_limit}
+    if arm == "unbounded":
+        return {"mode": "manual", "limit": UNBOUNDED_LIMIT, "max": UNBOUNDED_LIMIT}
+    if arm.startswith("static:"):
+        n = int(arm.split(":", 1)[1])
+        return {"mode": "manual", "limit": n, "max": max(n, max_limit)}
+    raise ValueError(f"arm: controller, unbounded or static:N, got {arm!r}")
+
+
+@dataclass
+class Plan:
+    traces: tuple[Trace, ...]
+    runs: int
+    levels: tuple[int, ...]
+    slo: GoodputSlo
+    max_tokens: int
+    drain_s: float
+    max_limit: int
+    capacity_rps: float | None = None
+
+
+async def measure_capacity(url: str, plan: Plan, token: str | None) -> float:
+    """Chat requests per second at the best closed-loop level that keeps the SLO's p99s."""
+    from bench.goodput import best_static
+
+    report = await run_sweep(
+        BenchSettings(
+            url=url,
+            concurrency=(16, 32),
+            max_tokens=plan.max_tokens,
+            admin_token=token,
+            requests_per_level=64,
+        )
+    )
+    best, _ = best_static(report.points, plan.slo)
+    return best.request_per_s
+
+
+async def run_trace_arms(
+    session: aiohttp.ClientSession,
+    target: Target,
+    daemon: Daemon,
+    trace: Trace,
+    plan: Plan,
+    capacity: float,
+    calib: Calibration,
+    log: Any = print,
+) -> list[TraceRun]:
+    """The static sweep (seed 0), then every seed of controller, unbounded and the best."""
+    runs: list[TraceRun] = []
+
+    async def one(arm: str, seed: int) -> TraceRun:
+        await daemon.set_controller(arm_body(arm, plan.max_limit))
+        await daemon.wait_idle()
+        arrivals = schedule(trace, capacity, seed)
+        samples, timeline = await replay(
+            session, target, daemon, trace, arrivals, calib, plan.max_tokens, plan.drain_s, seed
+        )
+        run = summarise(trace, arm, seed, arrivals, samples, plan.slo, timeline)
+        log(
+            f"  {trace.name:<14} {arm:<10} seed {seed}: goodput {run.goodput_rps:.2f} req/s "
+            f"({run.good}/{run.sent} good, {run.rejected} 429, {run.failed} failed; per phase "
+            + ", ".join(f"{p.good}/{p.sent}" for p in run.phases)
+            + ")"
+        )
+        runs.append(run)
+        return run
+
+    sweep = [await one(f"static:{n}", 0) for n in plan.levels]
+    best = max(sweep, key=lambda r: (r.goodput_rps, -int(r.arm.split(":")[1])))
+    for seed in range(plan.runs):
+        await one("controller", seed)
+        await one("unbounded", seed)
+        if seed > 0:
+            await one(best.arm, seed)
+    return runs
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
+    """Per trace: the oracle's static limit and each arm's goodput median and spread."""
+    out = []
+    for name in dict.fromkeys(r.trace for r in runs):
+        mine = [r for r in runs if r.trace == name]
+        static_seed0 = {
+            r.arm: r.goodput_rps for r in mine if r.arm.startswith("static:") and r.seed == 0
+        }
+        best_arm = max(static_seed0, key=lambda a: (static_seed0[a], -int(a.split(":")[1])))
+        row: dict[str, Any] = {
+            "trace": name,
+            "best_static": best_arm,
+            "static_sweep": static_seed0,
+        }
+        for arm, key in (("controller", "controller"), ("unbounded", "unbounded")):
+            vals = [r.goodput_rps for r in mine if r.arm == arm]
+            row[key] = _spread(vals) if vals else None
+        vals = [r.goodput_rps for r in mine if r.arm == best_arm]
+        row["static"] = _spread(vals)
+        ctl = row["controller"]
+        for other in ("static", "unbounded"):
+            base = row[other]
+            row[f"controller_vs_{other}"] = (
+                None
+                if ctl is None or base is None
+                else (ctl["median"] / base["median"] if base["median"] > 0 else math.inf)
+            )
+        out.append(row)
+    return out
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The results table for docs/benchmarks.md."""
+    plan = doc["plan"]
+    lines = [
+        "## Goodput on loads that change shape (issue 15)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d', time.localtime(doc['measured_at_unix_s']))} "
+        f"with `{doc['command']}` on {doc['machine']}. SLO per request: TTFT <= "
+        f"{plan['slo']['ttft_s']:g} s"
+        + (f", TPOT <= {plan['slo']['tpot_s']:g} s" if plan["slo"]["tpot_s"] else "")
+        + f"; {plan['max_tokens']} output tokens; chat capacity {doc['capacity_rps']:.2f} req/s "
+        "(rates in the traces are multiples of it). Goodput: requests meeting the SLO per "
+        "second of trace; median [min-max] over the runs (seeds). The static limit is the best "
+        f"of {plan['levels']} over the whole trace (seed 0), an oracle no operator has.",
+        "",
+        "| trace | controller | unbounded | best static (limit) | ctl/static | ctl/unbounded |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(s: dict[str, float] | None) -> str:
+        if s is None:
+            return "-"
+        return f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else ("inf" if math.isinf(v) else f"{v:.2f}x")
+
+    for row in doc["cells"]:
+        lines.append(
+            f"| {row['trace']} | {cell(row['controller'])} | {cell(row['unbounded'])} | "
+            f"{cell(row['static'])} ({row['best_static'].split(':')[1]}) | "
+            f"{ratio(row['controller_vs_static'])} | {ratio(row['controller_vs_unbounded'])} |"
+        )
+    lines += ["", "Static sweep (seed 0), goodput by limit:", ""]
+    for row in doc["cells"]:
+        sweep = ", ".join(f"{a.split(':')[1]}: {v:.2f}" for a, v in row["static_sweep"].items())
+        lines.append(f"- {row['trace']}: {sweep}")
+    lines += ["", *[f"- {n}" for n in doc["notes"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _daemon_config(plan: Plan, model_dir: Path, port: int) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "engine": {
+            "model": str(model_dir),
+            "max_model_len": 2048,
+            "max_num_seqs": plan.max_limit,
+            "kv_cache_space_gib": 2,
+            "dtype": "float32",  # bf16 matmuls are 3-8x slower on this AVX2-only CPU
+            "enforce_eager": True,
+            "drain_timeout_s": 30,
+        },
+        # A request that waited half the TTFT SLO in our queue has lost it: shed it, and the
+        # engine time goes to one that can still make it. (Unbounded never queues here.)
+        "admission": {
+            "realtime_reserved_share": 0,
+            "retry_after_s": 1,
+            "concurrency_limit": 8,
+            "max_queue_wait_s": max(0.1, plan.slo.ttft_s / 2),
+        },
+        "slo": {"ttft_p99_s": plan.slo.ttft_s, "tpot_p99_s": plan.slo.tpot_s or 0.5},
+        "controller": {"mode": "manual", "forecast": "off"},
+        "telemetry": {"source": "sim"},
+        "logging": {"level": "warning"},
+    }
+
+
+async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) -> dict[str, Any]:
+    """Every trace on one daemon (started here unless url is given)."""
+    from appliance.model_prep import prepare_default_model
+    from bench.servers import free_port, start_appliance
+
+    notes: list[str] = []
+    server = None
+    with tempfile.TemporaryDirectory(prefix="goodput-trace-") as tmp:
+        if url is None:
+            model_dir = prepare_default_model(MODEL_DIR)
+            log("starting the daemon ...")
+            server = start_appliance(
+                _daemon_config(plan, model_dir, free_port()), Path(tmp) / "daemon"
+            )
+            url, token = server.url, server.admin_address().token.value
+        try:
+            from appliance.client import DaemonAddress, Token
+
+            address = DaemonAddress(url, Token(token, "bench"))
+            async with _load_session() as session, AdminClient.at(address) as admin:
+                daemon = Daemon(admin)
+                target = await connect(session, BenchSettings(url=url))
+                calib = await calibrate(session, target)
+                notes.append(
+                    f"prompts: {calib.tokens_per_word:.2f} tokens a word, "
+                    f"{calib.overhead_tokens:.0f} tokens of template"
+                )
+                capacity = plan.capacity_rps
+                if capacity is None:
+                    await daemon.set_controller(arm_body("unbounded", plan.max_limit))
+                    log("closed-loop sweep for the chat capacity ...")
+                    capacity = await measure_capacity(url, plan, token)
+                notes.append(f"chat capacity {capacity:.2f} req/s (closed loop, 16 and 32)")
+                runs: list[TraceRun] = []
+                for trace in plan.traces:
+                    log(f"trace {trace.name} ({trace.duration_s:g} s)")
+                    runs += await run_trace_arms(
+                        session, target, daemon, trace, plan, capacity, calib, log
+                    )
+        finally:
+            if server is not None:
+                server.stop()
+    return {
+        "measured_at_unix_s": time.time(),
+        "plan": {
+            "traces": [t.name for t in plan.traces],
+            "runs": plan.runs,
+            "levels": list(plan.levels),
+            "slo": asdict(plan.slo),
+            "max_tokens": plan.max_tokens,
+            "drain_s": plan.drain_s,
+            "max_limit": plan.max_limit,
+        },
+        "capacity_rps": capacity,
+        "cells": cells(runs),
+        "runs": [asdict(r) for r in runs],
+        "notes": notes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running daemon (its admin token with --token-file)")
+    where.add_argument("--start", action="store_true", help="start a daemon (real CPU engine)")
+    p.add_argument("--token-file", help="the --url daemon's admin token file")
+    p.add_argument("--traces", default="phase_change,diurnal,thermal")
+    p.add_argument("--runs", type=int, default=3, help="seeds per cell (default 3)")
+    p.add_argument("--levels", default="2,4,8,16,32", help="static limits to sweep")
+    p.add_argument("--slo-ttft-s", type=float, default=2.0)
+    p.add_argument("--slo-tpot-s", type=float, default=0.25, help="0 turns the TPOT check off")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--drain-s", type=float, default=15.0)
+    p.add_argument("--max-limit", type=int, default=64, help="engine.max_num_seqs of the daemon")
+    p.add_argument("--capacity-rps", type=float, help="skip the capacity sweep")
+    p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
+    p.add_argument("--markdown", help="write the table into this file's goodput_trace section")
+    p.add_argument("--json-out", help="write every number to this file")
+    args = p.parse_args(argv)
+    try:
+        traces = tuple(load_trace(t.strip()) for t in args.traces.split(",") if t.strip())
+        levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if not traces or not levels or any(n < 1 for n in levels):
+        raise SystemExit("traces: need at least one; levels: whole numbers >= 1")
+    if args.runs < 1:
+        raise SystemExit(f"runs: must be >= 1, got {args.runs}")
+    if not args.slo_ttft_s > 0 or args.max_tokens < 1 or args.drain_s < 0:
+        raise SystemExit("slo-ttft-s must be > 0, max-tokens >= 1, drain-s >= 0")
+    plan = Plan(
+        traces=traces,
+        runs=args.runs,
+        levels=levels,
+        slo=GoodputSlo(args.slo_ttft_s, args.slo_tpot_s or None),
+        max_tokens=args.max_tokens,
+        drain_s=args.drain_s,
+        max_limit=args.max_limit,
+        capacity_rps=args.capacity_rps,
+    )
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    doc = asyncio.run(run(plan, None if args.start else args.url, token))
+    doc["command"] = "python bench/goodput_trace.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    doc["machine"] = args.machine
+    text = render_markdown(doc)
+    print(text)
+    if args.markdown:
+        write_section(Path(args.markdown), "goodput_trace", text)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
