@@ -164,7 +164,7 @@ def parse_trace(doc: Any, where: str = "trace") -> Trace:
 
 
 def load_trace(name_or_path: str) -> Trace:
-    """A trace by name (bench/traces/NAME.json) or path."""
+    """A trace by name (its file in bench/traces/, without .json) or by path."""
     path = Path(name_or_path)
     if not path.suffix:
         path = TRACES_DIR / f"{name_or_path}.json"

@@ -182,7 +182,10 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from appliance.adapters.vllm_args import build_namespace, engine_args_from
+        from appliance.adapters.vllm_plugins import enable_in_engine_processes
 
+        # Before any engine process starts: they inherit the flag that turns the fixes on.
+        enable_in_engine_processes()
         e = self._cfg.engine
         self._device = "cpu" if current_platform.is_cpu() else current_platform.device_name
         kv_bytes = None
