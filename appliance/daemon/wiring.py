@@ -121,6 +121,8 @@ def admission_metrics(
         snap = admission.snapshot()
         m.requests_in_flight.set(snap.in_flight)
         m.concurrency_limit.set(snap.limit)
+        m.prefill_outstanding_tokens.set(snap.prefill_outstanding_tokens)
+        m.prefill_budget_tokens.set(snap.prefill_budget_tokens or 0)
         for lane in LANE_NAMES:
             m.queue_depth.labels(lane).set(snap.queued[lane])
         m.engine_ready.set(1 if supervisor.state is EngineState.READY else 0)

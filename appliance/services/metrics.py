@@ -138,6 +138,16 @@ class Metrics:
         self.kv_cache_usage_ratio = Gauge(
             "appliance_kv_cache_usage_ratio", "KV-cache blocks in use (0..1)", registry=r
         )
+        self.prefill_outstanding_tokens = Gauge(
+            "appliance_prefill_outstanding_tokens",
+            "Prompt tokens admitted and still waiting for their first token (estimated)",
+            registry=r,
+        )
+        self.prefill_budget_tokens = Gauge(
+            "appliance_prefill_budget_tokens",
+            "The controller's cap on those tokens (0: no cap; auto mode sets one)",
+            registry=r,
+        )
         self.engine_ready = Gauge(
             "appliance_engine_ready", "1 when the engine admits requests", registry=r
         )
