@@ -82,6 +82,11 @@ class ControllerConfig:
     mild_breach_ratio: float = 1.25
     increase_step: int = 1
     probe_below_ratio: float = 0.8
+    # Far below the SLO (every p99 under this share of it) with a queue, a probe takes
+    # `fast_probe_fraction` of the limit at once (at least increase_step): after a load shift
+    # (a document phase over, a cool-down) +1 a probe would take minutes to give the box back.
+    fast_probe_below_ratio: float = 0.5
+    fast_probe_fraction: float = 0.25
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
@@ -141,6 +146,18 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
     if not 0 < cfg.probe_below_ratio <= 1:
         problems.append(
             Problem("probe_below_ratio", f"must be in (0, 1], got {cfg.probe_below_ratio}")
+        )
+    elif not 0 <= cfg.fast_probe_below_ratio <= cfg.probe_below_ratio:
+        problems.append(
+            Problem(
+                "fast_probe_below_ratio",
+                f"must be in [0, {{probe_below_ratio}}={cfg.probe_below_ratio}], "
+                f"got {cfg.fast_probe_below_ratio}",
+            )
+        )
+    if not 0 <= cfg.fast_probe_fraction <= 1:
+        problems.append(
+            Problem("fast_probe_fraction", f"must be in [0, 1], got {cfg.fast_probe_fraction}")
         )
     for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease"):
         if getattr(cfg, name) < 0:
@@ -608,12 +625,29 @@ def _probe_pressure(t: _Tick) -> str:
     )
 
 
+def _probe_step(t: _Tick) -> tuple[int, bool]:
+    """How far a probe goes: increase_step, or a share of the limit when far below the SLO."""
+    cfg = t.cfg
+    step = cfg.increase_step
+    far = cfg.fast_probe_fraction > 0 and t.ttft is not None
+    if far and t.ttft is not None:
+        far = t.ttft < cfg.slo_ttft_p99_s * cfg.fast_probe_below_ratio
+    if far and t.tpot is not None and cfg.slo_tpot_p99_s is not None:
+        far = t.tpot < cfg.slo_tpot_p99_s * cfg.fast_probe_below_ratio
+    if far and t.inputs.queued > 0:
+        fast_step = math.ceil(t.limit * cfg.fast_probe_fraction - _EPS)
+        if fast_step > step:
+            return fast_step, True
+    return step, False
+
+
 def _probe(t: _Tick) -> ControlDecision:
     cfg, limit, factor = t.cfg, t.limit, t.factor
     blocker = _probe_blocker(t)
     if blocker is not None:
         return t.hold(blocker)
-    wanted = min(t.upper, base_for(limit + cfg.increase_step, factor))
+    step, fast = _probe_step(t)
+    wanted = min(t.upper, base_for(limit + step, factor))
     new_base, retrying_since, blocker = _respect_breach(t, wanted)
     if blocker is not None:
         return t.hold(blocker)
@@ -624,9 +658,15 @@ def _probe(t: _Tick) -> ControlDecision:
         return t.hold(f"at the ceiling ({ceiling})")
     assert t.ttft is not None  # _probe_blocker holds without a judged TTFT
     ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
+    how = (
+        f"every p99 < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
+        f"+{cfg.fast_probe_fraction:.0%}; "
+        if fast
+        else ""
+    )
     reason = (
         f"p99 TTFT {_fmt_s(t.ttft)} < {_fmt_s(ttft_probe)} "
         f"({cfg.probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_ttft_p99_s)}), "
-        f"{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
+        f"{how}{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
     )
     return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)

@@ -25,8 +25,14 @@ from appliance.domain.controller import (
     derated,
     initial_state,
 )
+from appliance.domain.limits import InvariantError
 
-CFG = ControllerConfig(slo_ttft_p99_s=1.5, slo_tpot_p99_s=0.2, min_limit=1, max_limit=64)
+# The additive path: most tests here pin +1 probes (the breach memory, pacing, retries);
+# the fast probe far below the SLO has its own tests on FAST.
+CFG = ControllerConfig(
+    slo_ttft_p99_s=1.5, slo_tpot_p99_s=0.2, min_limit=1, max_limit=64, fast_probe_fraction=0
+)
+FAST = ControllerConfig(slo_ttft_p99_s=1.5, slo_tpot_p99_s=0.2, min_limit=1, max_limit=64)
 
 
 def inputs(
@@ -592,3 +598,34 @@ def test_a_forecast_below_the_limit_or_during_a_breach_changes_nothing():
 def test_bad_forecast_is_rejected():
     with pytest.raises(ValueError, match="forecast_pending"):
         inputs(forecast_pending=float("nan"))
+
+
+def test_far_below_the_slo_a_probe_takes_a_quarter_of_the_limit():
+    # p99 TTFT 0.5 s and TPOT 0.05 s: under half of 1.5 s and 0.2 s.
+    d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), settled(), FAST)
+    assert (d.limit, d.action) == (10, Action.UP)
+    assert "every p99 < 50% of its SLO: +25%" in d.reason
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, queued=3), settled(), FAST)
+    assert d.limit == 20
+
+
+def test_between_half_and_the_probe_mark_a_probe_is_one_step():
+    # TTFT 0.9 s: over half the SLO, under 80 % of it.
+    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), settled(), FAST)
+    assert (d.limit, d.action) == (9, Action.UP) and "+25%" not in d.reason
+    # TPOT over half its SLO holds the fast step back too.
+    d = step(inputs(limit=8, ttft=0.5, tpot=0.12, queued=3), settled(), FAST)
+    assert d.limit == 9
+
+
+def test_a_fast_probe_still_stops_below_the_breaking_point():
+    st = settled(breach_base=10, barrier=True, breach_tick=95, retry_ticks=30)
+    d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), st, FAST)
+    assert d.limit == 9, d.reason  # capped one below where the SLO broke
+
+
+def test_fast_probe_settings_are_checked():
+    with pytest.raises(InvariantError, match="fast_probe_below_ratio"):
+        ControllerConfig(fast_probe_below_ratio=0.9)
+    with pytest.raises(InvariantError, match="fast_probe_fraction"):
+        ControllerConfig(fast_probe_fraction=1.5)

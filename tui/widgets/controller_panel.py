@@ -46,6 +46,18 @@ class ControllerPanel(Static):
             f"thermal [{level_style}]{level}[/] x{fmt.num(thermal.get('factor'), '', 2)}"
             + ("  [bold red]PROTECT[/]" if adm.get("protect") else ""),
         ]
+        prefill = ctl.get("prefill")
+        if isinstance(prefill, dict):
+            budget = prefill.get("budget_tokens")
+            lines.append(
+                f"prefill {fmt.num(prefill.get('outstanding_tokens'))} / "
+                + (f"[b]{fmt.num(budget)}[/] tok" if budget else "no budget")
+                + (
+                    f" at {fmt.num(prefill.get('rate_tok_s'))} tok/s"
+                    if prefill.get("rate_tok_s")
+                    else ""
+                )
+            )
         for d in _decisions(status):
             reason = str(d.get("reason", ""))
             lines.append(f"{fmt.clock(d.get('ts_s'))} {reason}"[:76])
