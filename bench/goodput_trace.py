@@ -458,6 +458,8 @@ class Plan:
     drain_s: float
     max_limit: int
     capacity_rps: float | None = None
+    skip_unbounded: tuple[str, ...] = ()  # traces that run no unbounded arm
+    levels_for: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-trace levels
 
 
 async def measure_capacity(url: str, plan: Plan, token: str | None) -> float:
@@ -510,11 +512,13 @@ async def run_trace_arms(
         runs.append(run)
         return run
 
-    sweep = [await one(f"static:{n}", 0) for n in plan.levels]
+    levels = plan.levels_for.get(trace.name, plan.levels)
+    sweep = [await one(f"static:{n}", 0) for n in levels]
     best = max(sweep, key=lambda r: (r.goodput_rps, -int(r.arm.split(":")[1])))
     for seed in range(plan.runs):
         await one("controller", seed)
-        await one("unbounded", seed)
+        if trace.name not in plan.skip_unbounded:
+            await one("unbounded", seed)
         if seed > 0:
             await one(best.arm, seed)
     return runs
@@ -573,7 +577,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         + f"; {plan['max_tokens']} output tokens; chat capacity {doc['capacity_rps']:.2f} req/s "
         "(rates in the traces are multiples of it). Goodput: requests meeting the SLO per "
         "second of trace; median [min-max] over the runs (seeds). The static limit is the best "
-        f"of {plan['levels']} over the whole trace (seed 0), an oracle no operator has.",
+        "of the sweep below over the whole trace (seed 0), an oracle no operator has.",
         "",
         "| trace | controller | unbounded | best static (limit) | ctl/static | ctl/unbounded |",
         "|---|---|---|---|---|---|",
@@ -676,6 +680,8 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "traces": [t.name for t in plan.traces],
             "runs": plan.runs,
             "levels": list(plan.levels),
+            "levels_for": {k: list(v) for k, v in plan.levels_for.items()},
+            "skip_unbounded": list(plan.skip_unbounded),
             "slo": asdict(plan.slo),
             "max_tokens": plan.max_tokens,
             "drain_s": plan.drain_s,
@@ -686,6 +692,19 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
         "runs": [asdict(r) for r in runs],
         "notes": notes,
     }
+
+
+def _levels_for(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for item in items:
+        name, _, levels = item.partition("=")
+        try:
+            out[name.strip()] = tuple(int(x) for x in levels.split(",") if x.strip())
+        except ValueError:
+            raise SystemExit(f"levels-for: {item!r} is not TRACE=N,N,...") from None
+        if not out[name.strip()] or min(out[name.strip()]) < 1:
+            raise SystemExit(f"levels-for: {item!r} needs whole numbers >= 1")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -704,6 +723,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-s", type=float, default=15.0)
     p.add_argument("--max-limit", type=int, default=64, help="engine.max_num_seqs of the daemon")
     p.add_argument("--capacity-rps", type=float, help="skip the capacity sweep")
+    p.add_argument("--skip-unbounded", default="", help="traces to run without that arm")
+    p.add_argument("--levels-for", action="append", default=[], metavar="TRACE=N,N",
+                   help="static levels for one trace (default --levels)")
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
     p.add_argument("--markdown", help="write the table into this file's goodput_trace section")
     p.add_argument("--json-out", help="write every number to this file")
@@ -728,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         drain_s=args.drain_s,
         max_limit=args.max_limit,
         capacity_rps=args.capacity_rps,
+        skip_unbounded=tuple(t.strip() for t in args.skip_unbounded.split(",") if t.strip()),
+        levels_for=_levels_for(args.levels_for),
     )
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     doc = asyncio.run(run(plan, None if args.start else args.url, token))

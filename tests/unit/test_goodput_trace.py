@@ -1,0 +1,117 @@
+"""The trace bench's pure parts: traces, their schedules, and the cells of the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.goodput import GoodputSlo
+from bench.goodput_trace import (
+    TRACES_DIR,
+    PhaseResult,
+    TraceRun,
+    arm_bodies,
+    cells,
+    load_trace,
+    parse_trace,
+    schedule,
+)
+
+
+def _seg(**kw: object) -> dict[str, object]:
+    return {"duration_s": 10, "rate_x": 1.0, "prompt_tokens": 100, **kw}
+
+
+def test_every_shipped_trace_loads() -> None:
+    names = sorted(p.stem for p in TRACES_DIR.glob("*.json"))
+    assert {"phase_change", "diurnal", "thermal", "steady_poisson", "steady_bursty"} <= set(
+        names
+    )
+    for name in names:
+        assert load_trace(name).duration_s > 0
+
+
+def test_the_phase_change_keeps_the_rate_and_moves_the_prompt() -> None:
+    t = load_trace("phase_change")
+    assert len({s.rate_x for s in t.segments}) == 1
+    assert [s.prompt_tokens for s in t.segments] == [100, 1500, 100]
+
+
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"segments": [_seg()]}, "name: required"),
+        ({"name": "x", "segments": []}, "segments: required"),
+        ({"name": "x", "segments": [_seg(rate=1)]}, "segments[0].rate: unknown field"),
+        ({"name": "x", "segments": [{"duration_s": 1, "rate_x": 1}]}, "prompt_tokens: required"),
+        ({"name": "x", "segments": [_seg(duration_s=0)]}, "duration_s: must be a number > 0"),
+        ({"name": "x", "segments": [_seg(rate_x=0)]}, "a segment with no arrivals"),
+        ({"name": "x", "segments": [_seg(prompt_tokens=5000)]}, "prompt_tokens: must be"),
+        ({"name": "x", "segments": [_seg(arrival="wave")]}, "arrival: must be one of"),
+        ({"name": "x", "segments": [_seg(fault="fire")]}, "fault: must be one of"),
+        ({"name": "x", "segments": [_seg(slowdown_procs=99)]}, "slowdown_procs"),
+    ],
+)
+def test_bad_traces_name_the_field(doc: dict[str, object], words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        parse_trace(doc)
+
+
+def test_schedule_follows_rates_ramps_and_segments() -> None:
+    t = parse_trace(
+        {
+            "name": "t",
+            "segments": [
+                _seg(duration_s=100, rate_x=1.0),
+                _seg(duration_s=100, rate_x=0.0, rate_x_end=2.0, prompt_tokens=1500),
+            ],
+        }
+    )
+    arrivals = schedule(t, capacity_rps=2.0, seed=3)
+    assert arrivals == schedule(t, capacity_rps=2.0, seed=3)  # one seed, one schedule
+    first = [a for a in arrivals if a.segment == 0]
+    ramp = [a for a in arrivals if a.segment == 1]
+    assert all(a.at_s < 100 and a.prompt_tokens == 100 for a in first)
+    assert all(100 <= a.at_s < 200 and a.prompt_tokens == 1500 for a in ramp)
+    # 2 req/s for 100 s, and a ramp 0 -> 4 req/s (mean 2): about 200 each.
+    assert 160 < len(first) < 240 and 160 < len(ramp) < 240
+    # The ramp is thin early and dense late.
+    assert sum(a.at_s < 150 for a in ramp) < sum(a.at_s >= 150 for a in ramp) / 2
+
+
+def test_the_controller_arm_starts_from_the_configured_limit() -> None:
+    bodies = arm_bodies("controller", 64)
+    assert bodies[0] == {"mode": "manual", "limit": 8} and bodies[-1]["mode"] == "auto"
+    assert arm_bodies("static:16", 64) == [{"mode": "manual", "limit": 16, "max": 64}]
+    with pytest.raises(ValueError, match="arm"):
+        arm_bodies("fastest", 64)
+
+
+def _run(arm: str, seed: int, goodput: float) -> TraceRun:
+    return TraceRun("t", arm, seed, 10, 1, 1, 1, 0, 0, goodput, None, None, (PhaseResult(0, 1, 1),))
+
+
+def test_cells_take_the_best_static_of_seed_zero_and_medians() -> None:
+    runs = [
+        _run("static:8", 0, 2.0),
+        _run("static:16", 0, 3.0),
+        _run("static:16", 1, 2.0),
+        _run("static:16", 2, 4.0),
+        *(_run("controller", s, g) for s, g in enumerate((3.3, 3.6, 3.0))),
+        *(_run("unbounded", s, 1.0) for s in range(3)),
+    ]
+    (row,) = cells(runs)
+    assert row["best_static"] == "static:16"
+    assert row["static"] == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 3}
+    assert row["controller"]["median"] == 3.3
+    assert row["controller_vs_static"] == pytest.approx(1.1)
+    assert row["controller_vs_unbounded"] == pytest.approx(3.3)
+
+
+def test_goodput_counts_ttft_and_tpot() -> None:
+    slo = GoodputSlo(5.0, 0.5)
+    from appliance.bench_runner import RequestSample
+
+    ok = RequestSample(True, "chat", 200, None, 10, 32, 4.9, 0.4, 6.0, 0.0)
+    late = RequestSample(True, "chat", 200, None, 10, 32, 5.1, 0.4, 6.0, 0.0)
+    slow = RequestSample(True, "chat", 200, None, 10, 32, 1.0, 0.6, 6.0, 0.0)
+    assert slo.good(ok) and not slo.good(late) and not slo.good(slow)
