@@ -43,6 +43,12 @@ class FairQueue(Generic[T]):
         for kq in self._keys.values():
             yield from kq.items
 
+    def heads(self) -> Iterator[T]:
+        """The first waiting item of each key."""
+        for kq in self._keys.values():
+            if kq.items:
+                yield kq.items[0]
+
     def by_key(self) -> dict[str, int]:
         """How many wait, per key (keys with none left out)."""
         return {key: len(kq.items) for key, kq in self._keys.items() if kq.items}

@@ -390,6 +390,10 @@ class AdmissionQueue:
                     )
                 )
                 if waiter is None:
+                    if any(self._under_cap(head.claimant) for head in queue.heads()):
+                        # Held by the prefill budget, not by a key's share: a lower lane's
+                        # small prompt must not slip in ahead and keep this one waiting.
+                        return
                     break
                 if waiter.future.done():
                     continue

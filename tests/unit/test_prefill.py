@@ -142,3 +142,30 @@ async def test_admission_always_lets_one_in_and_realtime_past_the_budget() -> No
 async def _hold(q: object, tokens: int) -> None:
     async with q.slot(Lane.INTERACTIVE, prefill_tokens=tokens):  # type: ignore[attr-defined]
         await asyncio.sleep(3600)
+
+
+async def test_a_lower_lane_does_not_slip_past_a_prompt_the_budget_holds() -> None:
+    q = _queue(limit=8)
+    q.set_prefill_budget(2000)
+    async with q.slot(Lane.INTERACTIVE, prefill_tokens=1500), q.slot(
+        Lane.INTERACTIVE, prefill_tokens=100
+    ) as chat:
+        doc = asyncio.create_task(_hold(q, 1500))  # 1600 + 1500 > 2000: waits
+        await asyncio.sleep(0.02)
+        small = asyncio.create_task(_hold_lane(q, Lane.BATCH, 100))
+        await asyncio.sleep(0.02)
+        assert q.queued(Lane.INTERACTIVE) == 1 and q.queued(Lane.BATCH) == 1
+        # The chat's first token: 1500 left, the document still does not fit (3000), and
+        # the batch prompt (1600) would: it must wait behind the higher lane all the same.
+        chat.first_token()
+        await asyncio.sleep(0.02)
+        assert q.queued(Lane.INTERACTIVE) == 1 and q.queued(Lane.BATCH) == 1
+        assert q.in_flight == 2
+        for t in (doc, small):
+            t.cancel()
+        await asyncio.gather(doc, small, return_exceptions=True)
+
+
+async def _hold_lane(q: object, lane: Lane, tokens: int) -> None:
+    async with q.slot(lane, prefill_tokens=tokens):  # type: ignore[attr-defined]
+        await asyncio.sleep(3600)
