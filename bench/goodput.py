@@ -215,7 +215,15 @@ async def open_loop(
             )
         )
     end_of_window = t0 + (times[-1] if times else 0.0)
-    remaining = max(0.0, end_of_window + drain_s - time.perf_counter())
+    return await settle(tasks, end_of_window + drain_s, t0)
+
+
+async def settle(
+    tasks: Sequence[asyncio.Task[RequestSample]], until_perf_s: float, t0: float
+) -> list[RequestSample]:
+    """Every request's outcome by `until_perf_s` (perf_counter); later ones are cancelled and
+    count as missed."""
+    remaining = max(0.0, until_perf_s - time.perf_counter())
     if tasks:
         await asyncio.wait(tasks, timeout=remaining)
     out = []

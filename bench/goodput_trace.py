@@ -52,6 +52,7 @@ from appliance.bench_runner import (  # noqa: E402
     BenchSettings,
     RequestSample,
     Target,
+    _prompt_tokens,
     connect,
     document_prompt,
     run_sweep,
@@ -63,9 +64,9 @@ from bench.goodput import (  # noqa: E402
     UNBOUNDED_LIMIT,
     Daemon,
     GoodputSlo,
-    _cancelled,
     _load_session,
     arrival_times,
+    settle,
 )
 from bench.report import MODEL_DIR, write_section  # noqa: E402
 
@@ -212,26 +213,12 @@ class Calibration:
         return max(1, round((tokens - self.overhead_tokens) / self.tokens_per_word))
 
 
-async def _prompt_tokens(session: aiohttp.ClientSession, target: Target, prompt: str) -> int:
-    body = {
-        "model": target.model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 1,
-        "temperature": 0.0,
-    }
-    async with session.post(
-        target.url + "/v1/chat/completions", json=body, headers=target.headers
-    ) as resp:
-        doc = await resp.json()
-        if resp.status != 200:
-            raise RuntimeError(f"calibration request failed: {resp.status} {doc}")
-    return int(doc["usage"]["prompt_tokens"])
-
-
 async def calibrate(session: aiohttp.ClientSession, target: Target) -> Calibration:
     """Two 1-token requests: tokens per document word and the chat template's overhead."""
     short = await _prompt_tokens(session, target, document_prompt(0, 0, 20))
     long = await _prompt_tokens(session, target, document_prompt(0, 0, 400))
+    if short is None or long is None:
+        raise RuntimeError("calibration: the endpoint refused a 1-token request")
     per_word = (long - short) / 380
     return Calibration(per_word, short - 20 * per_word)
 
@@ -402,23 +389,12 @@ async def replay(
                     stream_chat(session, target, prompt, max_tokens, kind, seed=seed * 100_003 + i)
                 )
             )
-        remaining = max(0.0, t0 + trace.duration_s + drain_s - time.perf_counter())
-        if tasks:
-            await asyncio.wait(tasks, timeout=remaining)
+        out = await settle(tasks, t0 + trace.duration_s + drain_s, t0)
     finally:
         for task in side:
             task.cancel()
         await asyncio.gather(*side, return_exceptions=True)
         await episodes.undo()
-    out = []
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            out.append(task.result())
-        else:
-            task.cancel()
-            out.append(_cancelled("chat", t0))
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.gather(*tasks, return_exceptions=True)
     return out, timeline
 
 
