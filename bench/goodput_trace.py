@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,11 +215,12 @@ class Calibration:
 
 async def calibrate(session: aiohttp.ClientSession, target: Target) -> Calibration:
     """Two 1-token requests: tokens per document word and the chat template's overhead."""
+    # 120 words: a 256-token context still takes it (the fake engine's in the tests).
     short = await _prompt_tokens(session, target, document_prompt(0, 0, 20))
-    long = await _prompt_tokens(session, target, document_prompt(0, 0, 400))
+    long = await _prompt_tokens(session, target, document_prompt(0, 0, 120))
     if short is None or long is None:
         raise RuntimeError("calibration: the endpoint refused a 1-token request")
-    per_word = (long - short) / 380
+    per_word = (long - short) / 100
     return Calibration(per_word, short - 20 * per_word)
 
 
@@ -357,6 +358,35 @@ async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: 
         await asyncio.sleep(every_s)
 
 
+def warmup_schedule(trace: Trace, capacity_rps: float, seed: int, warmup_s: float) -> list[Arrival]:
+    """The unscored lead-in: the first segment's load (no fault, no ramp) for warmup_s, so a
+    run is scored from a daemon already serving that load, as a box in service is, and not
+    from a cold start (the controller from its configured limit, the engine idle)."""
+    if warmup_s <= 0:
+        return []
+    first = replace(
+        trace.segments[0], duration_s=warmup_s, rate_x_end=None, fault=None, slowdown_procs=0
+    )
+    lead = Trace(f"{trace.name}-warmup", "", (first,))
+    return [replace(a, segment=-1) for a in schedule(lead, capacity_rps, seed + 7_000)]
+
+
+def _fire(
+    session: aiohttp.ClientSession,
+    target: Target,
+    a: Arrival,
+    i: int,
+    calib: Calibration,
+    max_tokens: int,
+    seed: int,
+) -> asyncio.Task[RequestSample]:
+    prompt = document_prompt(i, seed, calib.words_for(a.prompt_tokens))
+    kind = "document" if a.prompt_tokens >= 500 else "chat"
+    return asyncio.create_task(
+        stream_chat(session, target, prompt, max_tokens, kind, seed=seed * 100_003 + i)
+    )
+
+
 async def replay(
     session: aiohttp.ClientSession,
     target: Target,
@@ -367,33 +397,35 @@ async def replay(
     max_tokens: int,
     drain_s: float,
     seed: int,
+    warmup: Sequence[Arrival] = (),
+    warmup_s: float = 0.0,
 ) -> tuple[list[RequestSample], list[dict[str, Any]]]:
-    """Fire every arrival on time (open loop), run the trace's episodes; every outcome."""
+    """Fire the warm-up, then every arrival on time (open loop), run the trace's episodes;
+    every scored outcome (the warm-up's are dropped, unfinished ones cancelled)."""
     episodes = _Episodes(daemon.admin)
     timeline: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
+    t_lead = time.perf_counter()
+    t0 = t_lead + (warmup_s if warmup else 0.0)
     side = [
         asyncio.create_task(episodes.run(trace, t0)),
         asyncio.create_task(_watch(daemon, t0, timeline, 2.0)),
     ]
+    lead: list[asyncio.Task[RequestSample]] = []
     tasks: list[asyncio.Task[RequestSample]] = []
     try:
-        for i, a in enumerate(arrivals):
-            delay = t0 + a.at_s - time.perf_counter()
+        timed = [(t_lead + a.at_s, a, lead) for a in warmup]
+        timed += [(t0 + a.at_s, a, tasks) for a in arrivals]
+        for i, (at, a, into) in enumerate(timed):
+            delay = at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            prompt = document_prompt(i, seed, calib.words_for(a.prompt_tokens))
-            kind = "document" if a.prompt_tokens >= 500 else "chat"
-            tasks.append(
-                asyncio.create_task(
-                    stream_chat(session, target, prompt, max_tokens, kind, seed=seed * 100_003 + i)
-                )
-            )
+            into.append(_fire(session, target, a, i, calib, max_tokens, seed))
         out = await settle(tasks, t0 + trace.duration_s + drain_s, t0)
     finally:
         for task in side:
             task.cancel()
         await asyncio.gather(*side, return_exceptions=True)
+        await settle(lead, time.perf_counter(), t_lead)
         await episodes.undo()
     return out, timeline
 
@@ -435,7 +467,32 @@ class Plan:
     max_limit: int
     capacity_rps: float | None = None
     skip_unbounded: tuple[str, ...] = ()  # traces that run no unbounded arm
+    warmup_s: float = 0.0  # unscored lead-in of the first segment's load before each run
     levels_for: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-trace levels
+
+
+COOL_C = 65.0  # the simulated GPU under this load settles near 71 °C; idle near 31 °C
+
+
+async def wait_thermal_normal(
+    daemon: Daemon, log: Any, timeout_s: float = 600.0, cool_c: float = COOL_C
+) -> None:
+    """Until the daemon's thermal level is normal and every GPU core is below cool_c."""
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while time.monotonic() < deadline:
+        snap = await daemon.status() or {}
+        telemetry = snap.get("telemetry") or {}
+        level = (telemetry.get("thermal") or {}).get("level")
+        temps = [g.get("core_temp_c") for g in telemetry.get("gpus") or []]
+        hot = [t for t in temps if isinstance(t, int | float) and t >= cool_c]
+        if level in (None, "normal") and not hot:
+            return
+        if not said:
+            log(f"  waiting for the GPU to cool (thermal {level}, cores {temps} °C) ...")
+            said = True
+        await asyncio.sleep(2.0)
+    raise RuntimeError(f"the GPU stayed out of normal thermal state for {timeout_s:g} s")
 
 
 async def measure_capacity(url: str, plan: Plan, token: str | None) -> float:
@@ -470,13 +527,28 @@ async def run_trace_arms(
 
     async def one(arm: str, seed: int) -> TraceRun:
         await daemon.wait_idle()
+        # A run after a hot-room episode must not start hot: the simulated GPU cools with a
+        # time constant of a minute, and a run started in its derate or PROTECT would carry
+        # the last run's episode (the first thermal measurement here did exactly that).
+        await wait_thermal_normal(daemon, log)
         for body in arm_bodies(arm, plan.max_limit):
             applied, msg = await daemon.set_controller(body)
             if not applied:
                 raise RuntimeError(msg)
         arrivals = schedule(trace, capacity, seed)
+        warmup = warmup_schedule(trace, capacity, seed, plan.warmup_s)
         samples, timeline = await replay(
-            session, target, daemon, trace, arrivals, calib, plan.max_tokens, plan.drain_s, seed
+            session,
+            target,
+            daemon,
+            trace,
+            arrivals,
+            calib,
+            plan.max_tokens,
+            plan.drain_s,
+            seed,
+            warmup,
+            plan.warmup_s,
         )
         run = summarise(trace, arm, seed, arrivals, samples, plan.slo, timeline)
         log(
@@ -658,6 +730,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "levels": list(plan.levels),
             "levels_for": {k: list(v) for k, v in plan.levels_for.items()},
             "skip_unbounded": list(plan.skip_unbounded),
+            "warmup_s": plan.warmup_s,
             "slo": asdict(plan.slo),
             "max_tokens": plan.max_tokens,
             "drain_s": plan.drain_s,
@@ -700,6 +773,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-limit", type=int, default=64, help="engine.max_num_seqs of the daemon")
     p.add_argument("--capacity-rps", type=float, help="skip the capacity sweep")
     p.add_argument("--skip-unbounded", default="", help="traces to run without that arm")
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=30.0,
+        help="unscored lead-in at the first segment's load before each run (0: cold start)",
+    )
     p.add_argument("--levels-for", action="append", default=[], metavar="TRACE=N,N",
                    help="static levels for one trace (default --levels)")
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
@@ -728,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         capacity_rps=args.capacity_rps,
         skip_unbounded=tuple(t.strip() for t in args.skip_unbounded.split(",") if t.strip()),
         levels_for=_levels_for(args.levels_for),
+        warmup_s=max(0.0, args.warmup_s),
     )
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     doc = asyncio.run(run(plan, None if args.start else args.url, token))

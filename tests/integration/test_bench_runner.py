@@ -465,3 +465,55 @@ async def test_goodput_without_the_controller_endpoint_skips_arms(
     assert [r["arm"] for r in doc["runs"]] == ["static"]
     md = goodput.render_markdown(doc)
     assert "| bursty | 1.5x | - | - |" in md
+
+
+async def test_trace_bench_runs_every_arm_over_a_trace(app: App):
+    """bench/goodput_trace.py against the app: the static sweep, then controller, unbounded
+    and the best static for each seed, over a two-segment trace with a fault episode."""
+    from bench import goodput_trace as gt
+
+    trace = gt.parse_trace(
+        {
+            "name": "tiny",
+            "segments": [
+                {"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 40},
+                {"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 120, "fault": "hot_room"},
+            ],
+        }
+    )
+    plan = gt.Plan(
+        traces=(trace,),
+        runs=2,
+        levels=(1, 4),
+        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
+        max_tokens=4,
+        drain_s=5.0,
+        max_limit=8,
+        capacity_rps=5.0,
+        warmup_s=0.5,
+    )
+    doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
+    arms = [(r["arm"], r["seed"]) for r in doc["runs"]]
+    (row,) = doc["cells"]
+    best = row["best_static"]
+    assert arms == [
+        ("static:1", 0),
+        ("static:4", 0),
+        ("controller", 0),
+        ("unbounded", 0),
+        ("controller", 1),
+        ("unbounded", 1),
+        (best, 1),
+    ]
+    for r in doc["runs"]:
+        assert r["sent"] > 0 and r["good"] <= r["ok"] <= r["sent"]
+        assert [p["segment"] for p in r["phases"]] == [0, 1]
+        assert sum(p["sent"] for p in r["phases"]) == r["sent"]
+        assert r["timeline"], "the daemon's limit was watched"
+    assert row["static"]["n"] == 2 and row["controller"]["n"] == 2
+    text = gt.render_markdown({**doc, "command": "x", "machine": "y"})
+    assert "| tiny |" in text and "Static sweep" in text
+    # The fault episode was undone: nothing left active on the simulated GPU.
+    async with app.admin() as admin:
+        status = await goodput.Daemon(admin).status()
+    assert status is not None and status["telemetry"]["faults"] == []

@@ -115,3 +115,22 @@ def test_goodput_counts_ttft_and_tpot() -> None:
     late = RequestSample(True, "chat", 200, None, 10, 32, 5.1, 0.4, 6.0, 0.0)
     slow = RequestSample(True, "chat", 200, None, 10, 32, 1.0, 0.6, 6.0, 0.0)
     assert slo.good(ok) and not slo.good(late) and not slo.good(slow)
+
+
+def test_the_warmup_is_the_first_segments_load_unscored() -> None:
+    from bench.goodput_trace import warmup_schedule
+
+    t = parse_trace(
+        {
+            "name": "t",
+            "segments": [
+                _seg(duration_s=50, rate_x=1.0, rate_x_end=3.0, fault="hot_room"),
+                _seg(prompt_tokens=1500),
+            ],
+        }
+    )
+    lead = warmup_schedule(t, 2.0, 0, 30.0)
+    assert lead and all(a.segment == -1 and 0 <= a.at_s < 30 for a in lead)
+    assert all(a.prompt_tokens == 100 for a in lead)
+    assert 40 < len(lead) < 85  # the segment's starting rate (2 req/s), not its ramp
+    assert warmup_schedule(t, 2.0, 0, 0.0) == []
