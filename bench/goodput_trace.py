@@ -615,8 +615,10 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
 def render_markdown(doc: dict[str, Any]) -> str:
     """The results table for docs/benchmarks.md."""
     plan = doc["plan"]
+    warm = plan.get("warmup_s") or 0
     lines = [
-        "## Goodput on loads that change shape (issue 15)",
+        "## Goodput on loads that change shape (issue 15)"
+        + (f", each run after a {warm:g} s warm-up" if warm else ", cold start"),
         "",
         f"Measured {time.strftime('%Y-%m-%d', time.localtime(doc['measured_at_unix_s']))} "
         f"with `{doc['command']}` on {doc['machine']}. SLO per request: TTFT <= "
@@ -782,7 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels-for", action="append", default=[], metavar="TRACE=N,N",
                    help="static levels for one trace (default --levels)")
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
-    p.add_argument("--markdown", help="write the table into this file's goodput_trace section")
+    p.add_argument("--markdown", help="write the table into this file's --section")
+    p.add_argument("--section", default="goodput_trace", help="the markdown section's name")
     p.add_argument("--json-out", help="write every number to this file")
     args = p.parse_args(argv)
     try:
@@ -818,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render_markdown(doc)
     print(text)
     if args.markdown:
-        write_section(Path(args.markdown), "goodput_trace", text)
+        write_section(Path(args.markdown), args.section, text)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return 0
