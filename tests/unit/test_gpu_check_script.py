@@ -1,4 +1,6 @@
-"""scripts/gpu_check.py's CPU path, in-process: the estimator against a model built for real.
+"""The GPU check's CPU path, in-process: the estimator against a model built for real.
+
+The check lives in appliance/adapters/gpu_memory_check.py (scripts/gpu_check.py runs it).
 
 The script's GPU sections cannot run here; this runs what it does without a GPU (--cpu, so a
 GPU box takes the same path): SmolLM2-135M allocated on the CPU, the other configs counted on
@@ -7,11 +9,7 @@ the meta device, and SmolLM2's KV pool allocated as vLLM lays it out.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,28 +17,15 @@ import pytest
 pytest.importorskip("torch", reason="the check builds models with torch")
 pytest.importorskip("transformers", reason="the check builds models with transformers")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 SMOL_PARAMS = 134_515_008  # SmolLM2-135M's safetensors total (embeddings tied, stored once)
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: dataclasses look their module up by name.
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
-    try:
-        status = _load_script().main(["--cpu", "--out", str(out)])
-    finally:
-        sys.modules.pop("gpu_check", None)
-    assert status == 0
+    from appliance.adapters.gpu_memory_check import main
+
+    assert main(["--cpu", "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
