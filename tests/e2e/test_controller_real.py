@@ -100,6 +100,9 @@ async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
                 assert snap["mode"] == "auto" and snap["slo_ttft_p99_s"] == 120.0
                 rise = await _watch(daemon, HIGH, timeout_s=90, hold_s=8)
                 done_rise = done[0]
+                # Auto mode rated the real engine's prefill from its first tokens and set a
+                # prefill budget from it.
+                prefill = daemon.status()["controller"]["prefill"]
 
                 # The same load against an SLO no engine meets: back off to the floor, stay.
                 await _put(admin, daemon, slo_ttft_p99_s=0.001, slo_tpot_p99_s=0.001)
@@ -127,6 +130,8 @@ async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
     assert _monotone(fall, rising=False), fall
     cuts = [a - b for a, b in itertools.pairwise(fall) if b < a]
     assert max(cuts) >= 2, fall
+    assert prefill["rate_tok_s"] and prefill["rate_tok_s"] > 0, prefill
+    assert isinstance(prefill["budget_tokens"], int) and prefill["budget_tokens"] >= 1, prefill
     decisions = snap["controller"]["decisions"]
     assert decisions and all(d["reason"] for d in decisions)
     reasons = [d["reason"] for d in decisions]
