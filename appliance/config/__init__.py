@@ -183,6 +183,10 @@ class ControllerSettings(Section):
     # Prefill budget (auto mode): prompt tokens admitted and still without a first token stay
     # under what the engine clears in this share of the TTFT SLO; null: count alone.
     prefill_ttft_share: float | None = 0.5
+    # Auto mode: an interactive request whose first token would come later than this many
+    # TTFT SLOs (measured prefill rate, prompt work ahead of it) gets 429 at once instead of
+    # a late answer that counts for nothing; null: queue everything.
+    shed_above_ttft_ratio: float | None = 1.0
 
     def to_policy(self, slo: SloConfig, max_num_seqs: int) -> ControllerConfig:
         """The pure policy's frozen config; InvariantError when the numbers break its limits."""
@@ -199,6 +203,7 @@ class ControllerSettings(Section):
             decrease_factor=self.decrease_factor,
             increase_step=self.increase_step,
             prefill_ttft_share=self.prefill_ttft_share,
+            shed_above_ttft_ratio=self.shed_above_ttft_ratio,
         )
 
 

@@ -115,6 +115,7 @@ def admission_metrics(
 ) -> Callable[[], None]:
     """A scrape-time refresher: admission, engine state, restarts and engine figures."""
     restarts_seen: dict[str, int] = {}
+    shed_seen: dict[str, int] = {}
 
     def refresh() -> None:
         m = metrics
@@ -125,6 +126,10 @@ def admission_metrics(
         m.prefill_budget_tokens.set(snap.prefill_budget_tokens or 0)
         for lane in LANE_NAMES:
             m.queue_depth.labels(lane).set(snap.queued[lane])
+            shed = snap.shed_total.get(lane, 0)
+            if shed > shed_seen.get(lane, 0):
+                m.admission_shed_total.labels(lane).inc(shed - shed_seen.get(lane, 0))
+                shed_seen[lane] = shed
         m.engine_ready.set(1 if supervisor.state is EngineState.READY else 0)
         for cause, count in supervisor.restarts_total.items():
             delta = count - restarts_seen.get(cause, 0)

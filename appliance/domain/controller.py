@@ -12,7 +12,10 @@ AIMD with memory. Each tick, in `auto` mode:
 - Probe up additively (+`increase_step`) only when both p99s sit below `probe_below_ratio` of
   their SLO, requests are waiting, KV has room and `hold_ticks_after_increase` ticks passed
   since the last change. Between `probe_below_ratio` x SLO and the SLO it holds: that dead
-  band is what keeps a steady load steady.
+  band is what keeps a steady load steady. Far below the SLO (every p99 under
+  `fast_probe_below_ratio` of it) a probe takes `fast_probe_fraction` of the limit at once,
+  `fast_probe_hold_ticks` after the last change: a multiplicative climb that gives the box
+  back within seconds after a load shift, where +1 every few ticks takes minutes.
 - Remember where the SLO broke. Probes stay below that limit for `retry_ticks`, then try
   it once (no higher until it held as long); a retry that breaks it again doubles
   the wait (up to `retry_ticks_max`; the wait never shrinks again, the knee of a box does
@@ -86,7 +89,12 @@ class ControllerConfig:
     # `fast_probe_fraction` of the limit at once (at least increase_step): after a load shift
     # (a document phase over, a cool-down) +1 a probe would take minutes to give the box back.
     fast_probe_below_ratio: float = 0.5
-    fast_probe_fraction: float = 0.25
+    fast_probe_fraction: float = 0.5
+    # A fast probe waits this many ticks after the last change, not hold_ticks_after_increase:
+    # the loop judges only samples taken after a change (min_samples of them), and so far
+    # below the SLO one more tick of evidence changes nothing. 3 ticks of 2 s per +25 % took
+    # 45 s to climb from 17 to 64 on a steady overload (docs/benchmarks.md, goodput_trace_warm).
+    fast_probe_hold_ticks: int = 1
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
@@ -98,6 +106,11 @@ class ControllerConfig:
     # waiting for its first token under what the engine clears in this share of the TTFT SLO
     # (the rest is left for the queue wait). None: no budget, count alone.
     prefill_ttft_share: float | None = 0.5
+    # In auto mode admission refuses (429) an interactive request whose first token, by the
+    # measured prefill rate and the prompt work ahead of it, would come later than this
+    # multiple of the TTFT SLO: it would miss the SLO anyway, and serving it late makes the
+    # requests behind it miss theirs. None: queue everything (the queue's own bounds).
+    shed_above_ttft_ratio: float | None = 1.0
 
     def __post_init__(self) -> None:
         raise_problems(_config_problems(self))
@@ -159,7 +172,7 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
         problems.append(
             Problem("fast_probe_fraction", f"must be in [0, 1], got {cfg.fast_probe_fraction}")
         )
-    for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease"):
+    for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease", "fast_probe_hold_ticks"):
         if getattr(cfg, name) < 0:
             problems.append(Problem(name, f"must be >= 0, got {getattr(cfg, name)}"))
     if cfg.retry_ticks < 1:
@@ -176,10 +189,24 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
             problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
     if cfg.min_samples < 1:
         problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    problems.extend(_admission_problems(cfg))
+    return problems
+
+
+def _admission_problems(cfg: ControllerConfig) -> list[Problem]:
+    """The numbers auto mode hands to admission: the prefill budget's share, shedding."""
+    problems = []
     if cfg.prefill_ttft_share is not None and not 0 < cfg.prefill_ttft_share <= 1:
         problems.append(
             Problem(
                 "prefill_ttft_share", f"must be in (0, 1] or null, got {cfg.prefill_ttft_share}"
+            )
+        )
+    if cfg.shed_above_ttft_ratio is not None and not 0 < cfg.shed_above_ttft_ratio <= 10:
+        problems.append(
+            Problem(
+                "shed_above_ttft_ratio",
+                f"must be in (0, 10] or null, got {cfg.shed_above_ttft_ratio}",
             )
         )
     return problems
@@ -577,11 +604,17 @@ def _probe_blocker(t: _Tick) -> str | None:
         return f"no queue ({inputs.queued} waiting, {inputs.in_flight} running)"
     if t.kv >= cfg.kv_probe_max_ratio:
         return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
-    if t.state.last_change_tick is not None:
-        since = t.tick - t.state.last_change_tick
-        if since <= cfg.hold_ticks_after_increase:
-            wait = cfg.hold_ticks_after_increase - since + 1
-            return f"{wait} more tick(s) after the last change"
+    return None
+
+
+def _hold_blocker(t: _Tick, fast: bool) -> str | None:
+    """Too soon after the last change for this probe (a fast one waits fewer ticks)."""
+    if t.state.last_change_tick is None:
+        return None
+    hold = t.cfg.fast_probe_hold_ticks if fast else t.cfg.hold_ticks_after_increase
+    since = t.tick - t.state.last_change_tick
+    if since <= hold:
+        return f"{hold - since + 1} more tick(s) after the last change"
     return None
 
 
@@ -647,6 +680,9 @@ def _probe(t: _Tick) -> ControlDecision:
     if blocker is not None:
         return t.hold(blocker)
     step, fast = _probe_step(t)
+    blocker = _hold_blocker(t, fast)
+    if blocker is not None:
+        return t.hold(blocker)
     wanted = min(t.upper, base_for(limit + step, factor))
     new_base, retrying_since, blocker = _respect_breach(t, wanted)
     if blocker is not None:
@@ -659,8 +695,7 @@ def _probe(t: _Tick) -> ControlDecision:
     assert t.ttft is not None  # _probe_blocker holds without a judged TTFT
     ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
     how = (
-        f"every p99 < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
-        f"+{cfg.fast_probe_fraction:.0%}; "
+        f"every p99 < {cfg.fast_probe_below_ratio:.0%} of its SLO: +{cfg.fast_probe_fraction:.0%}; "
         if fast
         else ""
     )

@@ -147,3 +147,42 @@ def budget_moved(old: int | None, new: int | None, ratio: float = 0.25) -> bool:
     if old is None or new is None:
         return old != new
     return abs(new - old) > ratio * old
+
+
+@dataclass(frozen=True)
+class ShedVerdict:
+    """Whether admission turns a request away now because its first token would come too late."""
+
+    shed: bool
+    predicted_s: float | None  # seconds to its first token at the measured rate; None: unknown
+    reason: str
+    retry_after_s: int = 0
+
+
+def shed_verdict(
+    ahead_tokens: int, own_tokens: int, rate_tok_s: float | None, shed_above_s: float | None
+) -> ShedVerdict:
+    """Refuse a request whose prompt, behind the `ahead_tokens` still to prefill before it,
+    cannot reach its first token within `shed_above_s` at the measured rate.
+
+    Such a request misses the TTFT SLO whatever happens next, and serving it late spends the
+    engine on an answer that counts for nothing while the requests behind it miss theirs too
+    (a document burst then spills into the chat after it). A 429 now, with a Retry-After
+    for when the backlog will have cleared, lets the client come back or go elsewhere.
+    Unknown rate or no threshold: never shed."""
+    if shed_above_s is None or rate_tok_s is None or not math.isfinite(rate_tok_s):
+        return ShedVerdict(False, None, "no shedding: no threshold or no measured rate")
+    if rate_tok_s <= 0:
+        return ShedVerdict(False, None, "no shedding: no measured rate")
+    predicted = (ahead_tokens + own_tokens) / rate_tok_s
+    if predicted <= shed_above_s:
+        return ShedVerdict(False, predicted, f"first token in ~{predicted:.1f} s")
+    retry = max(1, math.ceil(predicted - shed_above_s))
+    return ShedVerdict(
+        True,
+        predicted,
+        f"its first token would come in ~{predicted:.1f} s, past the {shed_above_s:g} s "
+        f"TTFT objective: {ahead_tokens} prompt tokens wait ahead of its {own_tokens}, and "
+        f"the engine clears {rate_tok_s:.0f} tok/s",
+        retry,
+    )

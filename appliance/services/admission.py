@@ -8,13 +8,13 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from appliance.config import AdmissionConfig
 from appliance.domain.api_keys import ANONYMOUS, KeySpec, key_cap
 from appliance.domain.fair_queue import FairQueue
 from appliance.domain.lanes import Lane
-from appliance.domain.prefill import PrefillTracker
+from appliance.domain.prefill import PrefillTracker, shed_verdict
 from appliance.errors import ApplianceError, NotReady, Overloaded
 
 
@@ -70,6 +70,8 @@ class AdmissionSnapshot:
     queued_by_key: dict[str, int]
     prefill_budget_tokens: int | None = None
     prefill_outstanding_tokens: int = 0
+    shed_above_s: float | None = None
+    shed_total: dict[str, int] = field(default_factory=dict)
 
 
 class AdmissionQueue:
@@ -118,6 +120,10 @@ class AdmissionQueue:
         # Prompt tokens admitted whose first token has not come; the controller may cap them.
         self.prefill = PrefillTracker()
         self._prefill_budget: int | None = None
+        # Interactive requests whose first token would come later than this are refused
+        # at once (429) instead of queued; None: never (manual mode, or off).
+        self._shed_above_s: float | None = None
+        self.shed_total = dict.fromkeys(Lane, 0)
 
     @property
     def limit(self) -> int:
@@ -166,6 +172,8 @@ class AdmissionQueue:
             queued_by_key=self._queued_by_key(),
             prefill_budget_tokens=self._prefill_budget,
             prefill_outstanding_tokens=self.prefill.outstanding_tokens,
+            shed_above_s=self._shed_above_s,
+            shed_total={lane.label: n for lane, n in self.shed_total.items()},
         )
 
     def _queued_by_key(self) -> dict[str, int]:
@@ -194,6 +202,52 @@ class AdmissionQueue:
             raise ValueError(f"prefill budget must be >= 1 token or None, got {tokens}")
         self._prefill_budget = tokens
         self._dispatch()
+
+    @property
+    def shed_above_s(self) -> float | None:
+        """Predicted seconds to a first token above which interactive requests are refused."""
+        return self._shed_above_s
+
+    def set_shed_above(self, seconds: float | None) -> None:
+        """Refuse interactive requests predicted to reach their first token later than this
+        (None: queue everything up to the lane's capacity and max_queue_wait_s)."""
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(
+                f"shed threshold must be a number of seconds > 0 or None, got {seconds}"
+            )
+        self._shed_above_s = seconds
+
+    def _prefill_ahead(self, lane: Lane) -> int:
+        """Prompt tokens to prefill before a request joining `lane`: those admitted without a
+        first token, and those queued in this lane and the ones served before it."""
+        queued = sum(
+            w.prefill_tokens for other in Lane if other <= lane for w in self._lanes[other]
+        )
+        return self.prefill.outstanding_tokens + queued
+
+    def _shed_if_late(self, lane: Lane, prefill_tokens: int) -> None:
+        """Raise Overloaded when this request's first token would come past the threshold.
+
+        Only the interactive lane: the TTFT objective is about it. Realtime jumps the queue
+        (and vLLM's own scheduler), and batch is there to wait. Never while the queue is
+        held closed (restart, pause): the rate says nothing about that wait, and a restart
+        must not turn into 429s."""
+        if lane is not Lane.INTERACTIVE or self._shed_above_s is None or not self._dispatching:
+            return
+        verdict = shed_verdict(
+            self._prefill_ahead(lane),
+            prefill_tokens,
+            self.prefill.rate_tok_s(self._clock()),
+            self._shed_above_s,
+        )
+        if verdict.shed:
+            self.shed_total[lane] += 1
+            raise Overloaded(
+                f"not queued: {verdict.reason} (controller.shed_above_ttft_ratio x "
+                "slo.ttft_p99_s); retry later",
+                retry_after_s=verdict.retry_after_s,
+                code="ttft_unreachable",
+            )
 
     def set_derate(self, factor: float, protect: bool = False) -> None:
         """Apply the thermal policy: scale the limit by factor; protect admits realtime only."""
@@ -273,6 +327,7 @@ class AdmissionQueue:
         if self._can_run_now(lane, claimant, prefill_tokens):
             self._grant(lane, claimant, prefill_tokens)
             return
+        self._shed_if_late(lane, prefill_tokens)
         if len(self._lanes[lane]) >= self._capacity[lane]:
             raise Overloaded(
                 f"the {lane.label} queue is full ({self._capacity[lane]} waiting); retry later",

@@ -248,6 +248,7 @@ class ControlLoop:
             self.cfg.prefill_ttft_share,
             auto=self.mode is ControlMode.AUTO,
         )
+        self._steer_shedding()
         old = self._admission.prefill_budget
         self.prefill = budget
         if budget.tokens != old:
@@ -260,6 +261,16 @@ class ControlLoop:
                 previous=old,
                 rate_tok_s=None if budget.rate_tok_s is None else round(budget.rate_tok_s, 1),
             )
+
+    def _steer_shedding(self) -> None:
+        """Auto mode: interactive requests whose first token would come past
+        shed_above_ttft_ratio x the TTFT SLO are refused at admission. Manual: never; the
+        operator's limit and the queue's bounds alone, as the operator set them."""
+        ratio = self.cfg.shed_above_ttft_ratio
+        auto = self.mode is ControlMode.AUTO
+        seconds = self.cfg.slo_ttft_p99_s * ratio if auto and ratio is not None else None
+        if seconds != self._admission.shed_above_s:
+            self._admission.set_shed_above(seconds)
 
     async def refresh_forecast(self) -> None:
         """Ask the load predictor (in a thread) for the pending requests it expects."""
@@ -314,6 +325,8 @@ class ControlLoop:
                 if self.prefill is None or self.prefill.rate_tok_s is None
                 else round(self.prefill.rate_tok_s, 1),
                 "ttft_share": self.cfg.prefill_ttft_share,
+                "shed_above_s": self._admission.shed_above_s,
+                "shed_total": sum(self._admission.shed_total.values()),
                 "reason": None if self.prefill is None else self.prefill.reason,
             },
             "forecast": None

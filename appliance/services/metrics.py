@@ -96,6 +96,13 @@ class Metrics:
             "Audit records that could not be written (disk or size cap full, queue full)",
             registry=r,
         )
+        self.admission_shed_total = Counter(
+            "appliance_admission_shed",
+            "Requests refused at admission (429 ttft_unreachable) because their first token "
+            "would come past the TTFT objective, by lane (auto mode only)",
+            ["priority"],
+            registry=r,
+        )
         self.engine_restarts_total = Counter(
             "appliance_engine_restarts", "Engine restarts by cause", ["cause"], registry=r
         )
@@ -119,6 +126,7 @@ class Metrics:
         for lane in LANE_NAMES:
             self.queue_depth.labels(lane)
             self.queue_wait_seconds.labels(lane)
+            self.admission_shed_total.labels(lane)
             for stage in DEADLINE_STAGES:
                 self.deadline_expired_total.labels(lane, stage)
         for cause in RESTART_CAUSES:

@@ -600,13 +600,40 @@ def test_bad_forecast_is_rejected():
         inputs(forecast_pending=float("nan"))
 
 
-def test_far_below_the_slo_a_probe_takes_a_quarter_of_the_limit():
+def test_far_below_the_slo_a_probe_takes_half_the_limit():
     # p99 TTFT 0.5 s and TPOT 0.05 s: under half of 1.5 s and 0.2 s.
     d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), settled(), FAST)
-    assert (d.limit, d.action) == (10, Action.UP)
-    assert "every p99 < 50% of its SLO: +25%" in d.reason
+    assert (d.limit, d.action) == (12, Action.UP)
+    assert "every p99 < 50% of its SLO: +50%" in d.reason
     d = step(inputs(limit=16, ttft=0.5, tpot=0.05, queued=3), settled(), FAST)
-    assert d.limit == 20
+    assert d.limit == 24
+
+
+def test_a_fast_probe_waits_fewer_ticks_than_a_one_step_probe():
+    # One tick after a change: a +1 probe waits out hold_ticks_after_increase (3), a fast
+    # one only fast_probe_hold_ticks (1), so a steady overload is climbed in seconds.
+    just_changed = settled(tick=100, last_change_tick=100)
+    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), just_changed, FAST)
+    assert d.action is Action.HOLD and "3 more tick(s) after the last change" in d.reason
+    d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), just_changed, FAST)
+    assert d.action is Action.HOLD and "1 more tick(s) after the last change" in d.reason
+    two_ago = settled(tick=100, last_change_tick=99)
+    d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), two_ago, FAST)
+    assert (d.limit, d.action) == (12, Action.UP), d.reason
+    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), two_ago, FAST)
+    assert d.action is Action.HOLD, d.reason
+
+
+def test_a_steady_overload_far_below_the_slo_is_climbed_in_seconds():
+    # From 8 to the 64 ceiling with every p99 far below the SLO and a queue: 8, 12, 18, 27,
+    # 41, 62, 64, one change every other tick (12 ticks of 2 s), where +25 % every fourth
+    # tick took 36 ticks.
+    st, limit, ticks = settled(), 8, 0
+    while limit < 64:
+        d = step(inputs(limit=limit, ttft=0.5, tpot=0.05, queued=10), st, FAST)
+        st, limit, ticks = d.state, d.base_limit, ticks + 1
+        assert ticks < 20, "did not reach the ceiling"
+    assert ticks <= 13
 
 
 def test_between_half_and_the_probe_mark_a_probe_is_one_step():

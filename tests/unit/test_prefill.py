@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from appliance.domain.prefill import PrefillTracker, budget_moved, prefill_budget
+from appliance.domain.prefill import PrefillTracker, budget_moved, prefill_budget, shed_verdict
 from appliance.domain.request_scope import Outcome
+from appliance.errors import Overloaded
 from appliance.services.admission import Lane
 from tests.unit.test_admission import ManualClock, _queue
 
@@ -126,13 +127,15 @@ async def test_admission_always_lets_one_in_and_realtime_past_the_budget() -> No
     q = _queue(limit=8)
     q.set_prefill_budget(100)
     # Over the budget with an empty backlog, then realtime, which the budget never holds back.
-    async with q.slot(Lane.INTERACTIVE, prefill_tokens=1500), q.slot(
-        Lane.REALTIME, prefill_tokens=1500
+    async with (
+        q.slot(Lane.INTERACTIVE, prefill_tokens=1500),
+        q.slot(Lane.REALTIME, prefill_tokens=1500),
     ):
         assert q.in_flight == 2
     q.set_prefill_budget(None)
-    async with q.slot(Lane.INTERACTIVE, prefill_tokens=1500), q.slot(
-        Lane.INTERACTIVE, prefill_tokens=1500
+    async with (
+        q.slot(Lane.INTERACTIVE, prefill_tokens=1500),
+        q.slot(Lane.INTERACTIVE, prefill_tokens=1500),
     ):
         assert q.in_flight == 2
     with pytest.raises(ValueError, match="prefill budget"):
@@ -147,9 +150,10 @@ async def _hold(q: object, tokens: int) -> None:
 async def test_a_lower_lane_does_not_slip_past_a_prompt_the_budget_holds() -> None:
     q = _queue(limit=8)
     q.set_prefill_budget(2000)
-    async with q.slot(Lane.INTERACTIVE, prefill_tokens=1500), q.slot(
-        Lane.INTERACTIVE, prefill_tokens=100
-    ) as chat:
+    async with (
+        q.slot(Lane.INTERACTIVE, prefill_tokens=1500),
+        q.slot(Lane.INTERACTIVE, prefill_tokens=100) as chat,
+    ):
         doc = asyncio.create_task(_hold(q, 1500))  # 1600 + 1500 > 2000: waits
         await asyncio.sleep(0.02)
         small = asyncio.create_task(_hold_lane(q, Lane.BATCH, 100))
@@ -169,3 +173,75 @@ async def test_a_lower_lane_does_not_slip_past_a_prompt_the_budget_holds() -> No
 async def _hold_lane(q: object, lane: Lane, tokens: int) -> None:
     async with q.slot(lane, prefill_tokens=tokens):  # type: ignore[attr-defined]
         await asyncio.sleep(3600)
+
+
+def test_shed_verdict_refuses_what_would_reach_its_first_token_too_late() -> None:
+    # 3000 tokens ahead + 1500 own at 600 tok/s: 7.5 s, past 5 s: shed, back in ~3 s.
+    v = shed_verdict(3000, 1500, 600.0, 5.0)
+    assert v.shed and v.predicted_s == pytest.approx(7.5) and v.retry_after_s == 3
+    assert "7.5 s" in v.reason and "5 s" in v.reason and "600 tok/s" in v.reason
+    # 1500 ahead + 1500 own: 5.0 s, on the mark: queued.
+    v = shed_verdict(1500, 1500, 600.0, 5.0)
+    assert not v.shed and v.predicted_s == pytest.approx(5.0)
+    # No rate measured yet, or no threshold (manual mode, off): never shed.
+    assert not shed_verdict(10**6, 1500, None, 5.0).shed
+    assert not shed_verdict(10**6, 1500, 600.0, None).shed
+    assert not shed_verdict(10**6, 1500, 0.0, 5.0).shed
+
+
+def _rated_queue(clock: ManualClock, rate_tok_s: float) -> object:
+    """A queue whose tracker measured `rate_tok_s` from 4 first tokens of 600 tokens."""
+    q = _queue(limit=1, clock=clock)
+    for _ in range(4):
+        q.prefill.start(600, clock())
+        clock.advance(600 / rate_tok_s)
+        q.prefill.finish(600, clock(), first_token=True)
+    return q
+
+
+async def test_admission_sheds_an_interactive_request_its_backlog_makes_late() -> None:
+    clock = ManualClock()
+    q = _rated_queue(clock, 600.0)
+    q.set_shed_above(5.0)  # type: ignore[attr-defined]
+    async with q.slot(Lane.INTERACTIVE, prefill_tokens=1500):  # type: ignore[attr-defined]
+        # 1500 running + 1500 queued ahead + 1500 own = 7.5 s at 600 tok/s.
+        queued = asyncio.create_task(_hold(q, 1500))  # 3000 / 600 = 5 s: queued
+        await asyncio.sleep(0.02)
+        assert q.queued(Lane.INTERACTIVE) == 1  # type: ignore[attr-defined]
+        with pytest.raises(Overloaded) as exc:
+            await _hold(q, 1500)
+        assert exc.value.status == 429 and exc.value.code == "ttft_unreachable"
+        assert exc.value.retry_after_s == 3
+        assert "shed_above_ttft_ratio" in exc.value.message
+        # Realtime (served first, by vLLM too) and batch (there to wait) are never shed.
+        rt = asyncio.create_task(_hold_lane(q, Lane.REALTIME, 1500))
+        batch = asyncio.create_task(_hold_lane(q, Lane.BATCH, 5000))
+        await asyncio.sleep(0.02)
+        assert q.queued(Lane.REALTIME) == 1 and q.queued(Lane.BATCH) == 1  # type: ignore[attr-defined]
+        snap = q.snapshot()  # type: ignore[attr-defined]
+        assert snap.shed_total == {"realtime": 0, "interactive": 1, "batch": 0}
+        assert snap.shed_above_s == 5.0
+        for t in (queued, rt, batch):
+            t.cancel()
+        await asyncio.gather(queued, rt, batch, return_exceptions=True)
+
+
+async def test_admission_never_sheds_while_held_or_without_a_threshold() -> None:
+    clock = ManualClock()
+    q = _rated_queue(clock, 600.0)
+    q.set_shed_above(5.0)  # type: ignore[attr-defined]
+    q.close()  # type: ignore[attr-defined]  # a restart: the rate says nothing about this wait
+    waiting = [asyncio.create_task(_hold(q, 1500)) for _ in range(4)]
+    await asyncio.sleep(0.02)
+    assert q.queued(Lane.INTERACTIVE) == 4  # type: ignore[attr-defined]
+    q.open()  # type: ignore[attr-defined]
+    q.set_shed_above(None)  # type: ignore[attr-defined]
+    more = asyncio.create_task(_hold(q, 1500))
+    await asyncio.sleep(0.02)
+    assert q.queued(Lane.INTERACTIVE) == 4 and q.in_flight == 1  # type: ignore[attr-defined]
+    assert sum(q.snapshot().shed_total.values()) == 0  # type: ignore[attr-defined]
+    for t in (*waiting, more):
+        t.cancel()
+    await asyncio.gather(*waiting, more, return_exceptions=True)
+    with pytest.raises(ValueError, match="shed threshold"):
+        q.set_shed_above(0.0)  # type: ignore[attr-defined]
