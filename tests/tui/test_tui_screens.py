@@ -148,3 +148,29 @@ async def test_a_job_event_refetches_the_jobs() -> None:
         app.model.add_event({"seq": 99, "ts_s": T0, "kind": "job_finished", "reason": "done"})
         app.refresh_view()
         await _until(pilot, lambda: fetched == [1])
+
+
+class Shedding(StubClient):
+    """Auto mode with a prefill budget, shedding what would start past 5 s."""
+
+    async def status(self) -> dict[str, Any]:
+        status = await super().status()
+        status["controller"]["prefill"] = {
+            "budget_tokens": 1800,
+            "outstanding_tokens": 1500,
+            "rate_tok_s": 720.4,
+            "shed_above_s": 5.0,
+            "shed_total": 42,
+        }
+        return status
+
+
+async def test_dashboard_shows_the_prefill_budget_and_what_was_shed() -> None:
+    from tui.widgets.controller_panel import ControllerPanel
+
+    app = ApplianceTui(Shedding(), refresh_s=3600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.screen.query_one(ControllerPanel)
+        await _until(pilot, lambda: "shed" in str(panel.render()))
+        shown = str(panel.render())
+        assert "prefill 1500 / 1800 tok" in shown and "shed 42 (TTFT > 5" in shown, shown

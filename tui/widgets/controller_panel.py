@@ -57,6 +57,12 @@ class ControllerPanel(Static):
                     if prefill.get("rate_tok_s")
                     else ""
                 )
+                + (
+                    f"  shed {fmt.num(prefill.get('shed_total'))} (TTFT > "
+                    f"{fmt.num(prefill.get('shed_above_s'))} s)"
+                    if prefill.get("shed_above_s")
+                    else ""
+                )
             )
         for d in _decisions(status):
             reason = str(d.get("reason", ""))
