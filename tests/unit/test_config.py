@@ -174,6 +174,12 @@ POLICY_LIMIT_CASES = [
     ),
     pytest.param("controller:\n  tick_s: 0\n", "controller.tick_s", "> 0", id="tick_s"),
     pytest.param(
+        "controller:\n  shed_above_ttft_ratio: 0\n",
+        "controller.shed_above_ttft_ratio",
+        "(0, 10] or null",
+        id="shed_above_ttft_ratio",
+    ),
+    pytest.param(
         "thermal:\n  step_factor: 1.0\n", "thermal.step_factor", "(0, 1)", id="step_factor"
     ),
     pytest.param("thermal:\n  hysteresis_c: 0\n", "thermal.hysteresis_c", "> 0", id="hysteresis_c"),
@@ -429,3 +435,13 @@ def test_config_check_names_model_and_vllm_mapping_keys_together(
     err = capsys.readouterr().err
     assert "controller.max_limit: must be >= controller.min_limit (8), got 4" in err
     assert "engine.vllm.blok_size: unknown vLLM engine argument" in err
+
+
+def test_shedding_ratio_reaches_the_policy_and_null_turns_it_off():
+    from appliance.config import parse_config
+
+    cfg = parse_config({"controller": {"shed_above_ttft_ratio": 2.0}})
+    assert cfg.controller.to_policy(cfg.slo, 64).shed_above_ttft_ratio == 2.0
+    cfg = parse_config({"controller": {"shed_above_ttft_ratio": None}})
+    assert cfg.controller.to_policy(cfg.slo, 64).shed_above_ttft_ratio is None
+    assert Config().controller.to_policy(Config().slo, 64).shed_above_ttft_ratio == 1.0

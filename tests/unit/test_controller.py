@@ -308,6 +308,9 @@ def test_bad_inputs_name_the_field(kw: dict, field: str):
         ({"decrease_factor": 1.0}, "decrease_factor: must be in (0, 1)"),
         ({"kv_probe_max_ratio": 0.95}, "kv_probe_max_ratio: must be in (0, kv_high_ratio=0.9]"),
         ({"retry_ticks_max": 5}, "retry_ticks_max: must be >= retry_ticks (30)"),
+        ({"fast_probe_hold_ticks": -1}, "fast_probe_hold_ticks: must be >= 0, got -1"),
+        ({"shed_above_ttft_ratio": 0}, "shed_above_ttft_ratio: must be in (0, 10] or null"),
+        ({"prefill_ttft_share": 1.5}, "prefill_ttft_share: must be in (0, 1] or null"),
     ],
 )
 def test_bad_config_names_the_field(kw: dict, field: str):
