@@ -234,17 +234,26 @@ class ControlInputs:
     forecast_pending: float | None = None
     forecast_horizon_s: float | None = None
     forecast_source: str | None = None
+    # The requests admitted after the last change that have finished, and their p99s (None
+    # under min_samples): what ran wholly under the limit in force. A fast probe needs them;
+    # a request admitted before the change ran part of its life at the old limit, and its
+    # TPOT shows the change only once it is over. None: not measured (the window stands in).
+    fresh_requests: int | None = None
+    fresh_ttft_p99_s: float | None = None
+    fresh_tpot_p99_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
         if self.current_limit < 1:
             problems.append(f"current_limit: must be >= 1, got {self.current_limit}")
-        for name in ("ttft_p99_s", "tpot_p99_s"):
+        for name in ("ttft_p99_s", "tpot_p99_s", "fresh_ttft_p99_s", "fresh_tpot_p99_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name}: must be a finite number >= 0 or None, got {value}")
         if self.requests_in_window < 0:
             problems.append(f"requests_in_window: must be >= 0, got {self.requests_in_window}")
+        if self.fresh_requests is not None and self.fresh_requests < 0:
+            problems.append(f"fresh_requests: must be >= 0 or None, got {self.fresh_requests}")
         if not 0 <= self.kv_cache_usage_ratio <= 1:
             problems.append(
                 f"kv_cache_usage_ratio: must be in [0, 1], got {self.kv_cache_usage_ratio}"
@@ -658,16 +667,35 @@ def _probe_pressure(t: _Tick) -> str:
     )
 
 
+def _fast_evidence(t: _Tick) -> tuple[float | None, float | None] | None:
+    """The p99s a fast probe is judged by: those of the requests admitted since the last
+    change (the window's when the loop does not measure them); None: too few of those yet."""
+    inputs = t.inputs
+    if inputs.fresh_requests is None:
+        return t.ttft, t.tpot
+    if inputs.fresh_requests < t.cfg.min_samples or inputs.fresh_ttft_p99_s is None:
+        return None
+    tpot = inputs.fresh_tpot_p99_s if t.cfg.slo_tpot_p99_s is not None else None
+    return inputs.fresh_ttft_p99_s, tpot
+
+
 def _probe_step(t: _Tick) -> tuple[int, bool]:
-    """How far a probe goes: increase_step, or a share of the limit when far below the SLO."""
+    """How far a probe goes: increase_step, or a share of the limit when far below the SLO.
+
+    Far below is judged on requests that ran wholly under the limit in force: a jump of half
+    the limit, one tick after the last, judged on requests admitted before it, climbs on
+    stale news (a CPU engine's TPOT lags its limit by a whole request, ~10 s) and
+    overshoots into the TPOT SLO."""
     cfg = t.cfg
     step = cfg.increase_step
-    far = cfg.fast_probe_fraction > 0 and t.ttft is not None
-    if far and t.ttft is not None:
-        far = t.ttft < cfg.slo_ttft_p99_s * cfg.fast_probe_below_ratio
-    if far and t.tpot is not None and cfg.slo_tpot_p99_s is not None:
-        far = t.tpot < cfg.slo_tpot_p99_s * cfg.fast_probe_below_ratio
-    if far and t.inputs.queued > 0:
+    evidence = _fast_evidence(t)
+    if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
+        return step, False
+    ttft, tpot = evidence
+    far = ttft is not None and ttft < cfg.slo_ttft_p99_s * cfg.fast_probe_below_ratio
+    if far and tpot is not None and cfg.slo_tpot_p99_s is not None:
+        far = tpot < cfg.slo_tpot_p99_s * cfg.fast_probe_below_ratio
+    if far:
         fast_step = math.ceil(t.limit * cfg.fast_probe_fraction - _EPS)
         if fast_step > step:
             return fast_step, True
@@ -694,8 +722,11 @@ def _probe(t: _Tick) -> ControlDecision:
         return t.hold(f"at the ceiling ({ceiling})")
     assert t.ttft is not None  # _probe_blocker holds without a judged TTFT
     ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
+    fresh = t.inputs.fresh_requests
+    of = f" of the {fresh} admitted since the last change" if fresh is not None else ""
     how = (
-        f"every p99 < {cfg.fast_probe_below_ratio:.0%} of its SLO: +{cfg.fast_probe_fraction:.0%}; "
+        f"every p99{of} < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
+        f"+{cfg.fast_probe_fraction:.0%}; "
         if fast
         else ""
     )

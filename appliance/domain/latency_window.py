@@ -37,6 +37,7 @@ class LatencySample:
     ts_s: float
     ttft_s: float
     tpot_s: float | None = None
+    admitted_s: float | None = None  # when it got its engine slot (None: not known)
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,19 @@ class LatencyWindow:
     def __len__(self) -> int:
         return len(self._samples)
 
-    def add(self, ts_s: float, ttft_s: float, tpot_s: float | None = None) -> None:
-        """Record one finished request (ts_s on the same clock as later `now` arguments)."""
+    def add(
+        self,
+        ts_s: float,
+        ttft_s: float,
+        tpot_s: float | None = None,
+        admitted_s: float | None = None,
+    ) -> None:
+        """Record one finished request (ts_s, admitted_s on the clock of later `now`s)."""
         if not (math.isfinite(ttft_s) and ttft_s >= 0):
             raise ValueError(f"ttft_s: must be a finite number >= 0, got {ttft_s}")
         if tpot_s is not None and not (math.isfinite(tpot_s) and tpot_s >= 0):
             raise ValueError(f"tpot_s: must be a finite number >= 0 or None, got {tpot_s}")
-        self._samples.append(LatencySample(ts_s, ttft_s, tpot_s))
+        self._samples.append(LatencySample(ts_s, ttft_s, tpot_s, admitted_s))
 
     def prune(self, now_s: float) -> None:
         """Forget samples older than the window (samples arrive roughly in time order)."""
@@ -99,12 +106,23 @@ class LatencyWindow:
         return percentile(values, q) if values else None
 
     def stats(
-        self, now_s: float, min_samples: int = 1, since_s: float | None = None
+        self,
+        now_s: float,
+        min_samples: int = 1,
+        since_s: float | None = None,
+        admitted_since_s: float | None = None,
     ) -> WindowStats:
-        """p50 and p99 of TTFT and TPOT; None for a metric with fewer than min_samples values."""
+        """p50 and p99 of TTFT and TPOT; None for a metric with fewer than min_samples values.
+
+        admitted_since_s: only requests admitted at or after it (samples that do not know
+        when they were admitted are left out): the requests that ran wholly under a change."""
         if min_samples < 1:
             raise ValueError(f"min_samples: must be >= 1, got {min_samples}")
         window = self.samples(now_s, since_s)
+        if admitted_since_s is not None:
+            window = [
+                s for s in window if s.admitted_s is not None and s.admitted_s >= admitted_since_s
+            ]
         ttft = _values(window, "ttft")
         tpot = _values(window, "tpot")
 

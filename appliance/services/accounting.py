@@ -80,7 +80,12 @@ class RequestAccounting:
             # The controller judges the engine, so its TTFT starts at admission: queue wait
             # grows when the limit shrinks, and counting it would cut the limit to the floor.
             # A chunked document's first token comes after all its parts: not a TTFT either.
-            self._latency.add(time.monotonic(), outcome.first_token_s - outcome.admitted_s, tpot)
+            self._latency.add(
+                time.monotonic(),
+                outcome.first_token_s - outcome.admitted_s,
+                tpot,
+                admitted_s=outcome.admitted_s,
+            )
         return tpot
 
 

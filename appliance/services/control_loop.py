@@ -198,6 +198,12 @@ class ControlLoop:
         now = self._clock()
         since = self.state.last_change_s
         stats = self._latency.stats(now, min_samples=self.cfg.min_samples, since_s=since)
+        # What ran wholly under the limit in force: admitted after the last change.
+        fresh = self._latency.stats(
+            now,
+            min_samples=self.cfg.min_samples,
+            admitted_since_s=since if since is not None else now - self.cfg.window_s,
+        )
         snap = self._admission.snapshot()
         inputs = ControlInputs(
             now_s=now,
@@ -205,6 +211,9 @@ class ControlLoop:
             ttft_p99_s=stats.ttft_p99_s,
             tpot_p99_s=stats.tpot_p99_s,
             requests_in_window=stats.count,
+            fresh_requests=fresh.count,
+            fresh_ttft_p99_s=fresh.ttft_p99_s,
+            fresh_tpot_p99_s=fresh.tpot_p99_s,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from appliance.config import AdmissionConfig
 from appliance.domain.controller import Action, ControllerConfig, ControlMode
+from appliance.domain.lanes import Lane
 from appliance.domain.latency_window import LatencyWindow
 from appliance.services.admission import AdmissionQueue
 from appliance.services.control_loop import ControlLoop
@@ -32,6 +33,7 @@ def _loop(
         min_samples=2,
         hold_ticks_after_decrease=0,
         hold_ticks_after_increase=0,
+        fast_probe_hold_ticks=0,
     )
     loop = ControlLoop(
         cfg,
@@ -184,3 +186,47 @@ def test_switching_to_auto_forgets_where_the_slo_broke_before():
     # ...auto starts afresh from the limit in force, judging only what comes after.
     assert loop.state.breach_base is None and not loop.state.barrier
     assert admission.base_limit == 6
+
+
+async def _queued(admission: AdmissionQueue, n: int) -> list:
+    """Fill the limit and queue n more behind it (tasks to cancel)."""
+    import asyncio
+
+    async def hold() -> None:
+        async with admission.slot(Lane.INTERACTIVE):
+            await asyncio.sleep(3600)
+
+    tasks = [asyncio.create_task(hold()) for _ in range(admission.limit + n)]
+    await asyncio.sleep(0.01)
+    return tasks
+
+
+async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
+    import asyncio
+
+    clock = Clock()
+    loop, admission, latency, _ = _loop(clock)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    # Far below the 1 s SLO, a queue: +50 % (4 -> 6), judged on requests admitted after start.
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
+    clock.now_s += 1
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    # Requests that finish now were admitted before that change: a one-step probe only.
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
+    clock.now_s += 1
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 7), d.reason
+    # Two admitted after that change finish, far below: half the limit (capped at 8).
+    clock.now_s += 1
+    for _ in range(2):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.2)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
+    assert "of the 2 admitted since the last change" in d.reason
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

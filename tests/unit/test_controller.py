@@ -627,6 +627,22 @@ def test_a_fast_probe_waits_fewer_ticks_than_a_one_step_probe():
     assert d.action is Action.HOLD, d.reason
 
 
+def test_a_fast_probe_is_judged_on_requests_admitted_since_the_last_change():
+    # The window (finished since the change) looks far below the SLO, but only 3 requests
+    # admitted after it have finished: that is stale news, so one step, not half the limit.
+    few = {"fresh_requests": 3, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.05}
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, queued=3, **few), settled(), FAST)
+    assert (d.limit, d.action) == (17, Action.UP) and "+50%" not in d.reason, d.reason
+    # Enough of them, and their TPOT is past half its SLO: still one step.
+    slow = {"fresh_requests": 12, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.15}
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, queued=3, **slow), settled(), FAST)
+    assert d.limit == 17, d.reason
+    # Enough, and far below: half the limit, and the reason says what it was judged on.
+    ok = {"fresh_requests": 12, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.05}
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, queued=3, **ok), settled(), FAST)
+    assert d.limit == 24 and "of the 12 admitted since the last change" in d.reason, d.reason
+
+
 def test_a_steady_overload_far_below_the_slo_is_climbed_in_seconds():
     # From 8 to the 64 ceiling with every p99 far below the SLO and a queue: 8, 12, 18, 27,
     # 41, 62, 64, one change every other tick (12 ticks of 2 s), where +25 % every fourth

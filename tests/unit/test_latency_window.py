@@ -106,3 +106,15 @@ def test_max_samples_bounds_memory():
 def test_bad_input_names_the_field(call, message: str):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_admitted_since_keeps_only_requests_that_ran_wholly_after_a_change():
+    w = LatencyWindow(window_s=30)
+    # Finished after the change at t=10, but admitted before it: not fresh.
+    w.add(12.0, 0.5, 0.9, admitted_s=5.0)
+    w.add(13.0, 0.5, 0.1, admitted_s=10.5)
+    w.add(14.0, 0.5, 0.2, admitted_s=11.0)
+    w.add(15.0, 0.5, 0.3)  # admission time not known: never fresh
+    fresh = w.stats(20.0, min_samples=1, admitted_since_s=10.0)
+    assert fresh.count == 2 and fresh.tpot_p99_s == pytest.approx(0.2, abs=0.01)
+    assert w.stats(20.0, min_samples=1, since_s=10.0).count == 4
