@@ -35,19 +35,28 @@ async def _put(admin: aiohttp.ClientSession, daemon: Daemon, **body: object) -> 
 
 @contextlib.asynccontextmanager
 async def _step_load(daemon: Daemon, clients: int) -> AsyncIterator[list[int]]:
-    """`clients` closed-loop chat clients from the moment of entry; yields the done counter."""
+    """`clients` closed-loop chat clients from the moment of entry; yields the counters
+    [answered, shed]. Auto mode sheds (429 ttft_unreachable) what would start past the TTFT
+    SLO: a shed client waits a moment and asks again; any other answer fails the test."""
     body = {
         "model": daemon.model_name,
         "max_tokens": 12,
         "messages": [{"role": "user", "content": "Say something short."}],
     }
-    done = [0]
+    done = [0, 0]
     stop = asyncio.Event()
     async with aiohttp.ClientSession() as client:
 
         async def worker() -> None:
             while not stop.is_set():
                 async with client.post(daemon.url + "/v1/chat/completions", json=body) as r:
+                    if r.status == 429:
+                        error = (await r.json())["error"]
+                        assert error["code"] == "ttft_unreachable", error
+                        assert int(r.headers["Retry-After"]) >= 1
+                        done[1] += 1
+                        await asyncio.sleep(0.2)
+                        continue
                     assert r.status == 200, await r.text()
                     done[0] += 1
 
@@ -99,7 +108,7 @@ async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
                 )
                 assert snap["mode"] == "auto" and snap["slo_ttft_p99_s"] == 120.0
                 rise = await _watch(daemon, HIGH, timeout_s=90, hold_s=8)
-                done_rise = done[0]
+                done_rise, shed_rise = done[0], done[1]
                 # Auto mode rated the real engine's prefill from its first tokens and set a
                 # prefill budget from it.
                 prefill = daemon.status()["controller"]["prefill"]
@@ -121,6 +130,10 @@ async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
             )
     print("controller limits, climb:", rise, "back-off:", fall)
     assert done_rise > 20 and done[0] > done_rise
+    # Under an SLO the engine meets nothing is shed; under one it never meets, what would
+    # have to queue is turned away at once (the clients still get answers at the floor).
+    assert shed_rise == 0 and done[1] > 0, done
+    assert snap["controller"]["prefill"]["shed_total"] >= done[1], snap["controller"]["prefill"]
     assert all(LOW <= v <= HIGH for v in rise + fall), (rise, fall)
     # Climbs to the ceiling without a cut on the way, and holds there (settled, no sawtooth).
     assert rise[-1] == HIGH and rise[-8:] == [HIGH] * 8, rise
