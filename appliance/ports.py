@@ -13,6 +13,7 @@ from appliance.domain.engine_types import (
     GenerationRequest,
 )
 from appliance.domain.request_scope import JsonReply, StreamReply
+from appliance.domain.step_latency import StepLatency
 
 
 class Tokenizer(Protocol):
@@ -56,6 +57,9 @@ class Engine(Protocol):
     def is_dead(self) -> bool: ...
 
     def stats(self) -> EngineStats: ...
+
+    def step_latency(self, since_s: float) -> StepLatency:
+        """The engine's steps since since_s (monotonic clock): live TPOT and TTFT."""
 
     def num_unfinished(self) -> int: ...
 

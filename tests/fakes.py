@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from appliance.domain.engine_types import (
@@ -12,6 +13,7 @@ from appliance.domain.engine_types import (
     GenerationRequest,
     SamplingSpec,
 )
+from appliance.domain.step_latency import StepLatency, StepLatencyLog
 from appliance.errors import EngineDead, EngineStartError
 
 
@@ -63,6 +65,9 @@ class FakeEngine:
         self.dead = False
         self.shut_down = False
         self._frontend: object | None = None
+        # Each fake token is one engine step: its delay is the inter-token gap (the first,
+        # from the start of generate, is the TTFT), as vLLM's stat logger reports them.
+        self.steps = StepLatencyLog()
 
     async def start(self) -> EngineInfo:
         await asyncio.sleep(self.start_delay_s)
@@ -97,10 +102,17 @@ class FakeEngine:
         finished = False
         try:
             n = request.sampling.max_tokens
+            last_s = started_s = time.monotonic()
             for i in range(n):
                 await asyncio.sleep(self.token_delay_s)
                 if self.dead:
                     raise EngineDead("fake engine died")
+                now_s = time.monotonic()
+                if i == 0:
+                    self.steps.add(now_s, (), (now_s - started_s,))
+                else:
+                    self.steps.add(now_s, (now_s - last_s,), ())
+                last_s = now_s
                 last = i == n - 1
                 yield GenerationDelta(
                     text=f"tok{i} ", new_tokens=1, finish_reason="length" if last else None
@@ -124,6 +136,9 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.running))
+
+    def step_latency(self, since_s: float) -> StepLatency:
+        return self.steps.since(since_s)
 
     def num_unfinished(self) -> int:
         return len(self.running)

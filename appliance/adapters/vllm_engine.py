@@ -25,6 +25,7 @@ from appliance.domain.engine_types import (
     GenerationDelta,
     GenerationRequest,
 )
+from appliance.domain.step_latency import StepLatency, StepLatencyLog
 from appliance.errors import EngineDead, EngineStartError
 
 log = logging.getLogger("appliance.engine")
@@ -48,6 +49,7 @@ class _StatsSink:
         self.latest = EngineStats()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.steps = StepLatencyLog()
 
 
 def _stat_logger_factory(sink: _StatsSink) -> Any:
@@ -76,6 +78,12 @@ def _stat_logger_factory(sink: _StatsSink) -> Any:
                 sink.prompt_tokens_total += int(getattr(iteration_stats, "num_prompt_tokens", 0))
                 sink.generation_tokens_total += int(
                     getattr(iteration_stats, "num_generation_tokens", 0)
+                )
+                # Stamped on the daemon's monotonic clock, the one the controller ticks on.
+                sink.steps.add(
+                    time.monotonic(),
+                    getattr(iteration_stats, "inter_token_latencies_iter", ()),
+                    getattr(iteration_stats, "time_to_first_tokens_iter", ()),
                 )
 
         def log_engine_initialized(self) -> None:
@@ -283,6 +291,9 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         return self._sink.latest
+
+    def step_latency(self, since_s: float) -> StepLatency:
+        return self._sink.steps.since(since_s)
 
     def num_unfinished(self) -> int:
         return int(self._llm.get_num_unfinished_requests()) if self._llm else 0

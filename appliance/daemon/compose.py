@@ -209,6 +209,7 @@ def _controller(
         admission,
         latency,
         kv_usage=lambda: wiring.kv_usage(supervisor),
+        step_latency=supervisor.step_latency,
         events=events,
         record=store.add_decision,
         forecast=forecast,

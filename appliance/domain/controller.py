@@ -9,13 +9,17 @@ AIMD with memory. Each tick, in `auto` mode:
   and a 25 % cut for a p99 5 % over would throw throughput away and start a saw-tooth.
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
-- Probe up additively (+`increase_step`) only when both p99s sit below `probe_below_ratio` of
-  their SLO, requests are waiting, KV has room and `hold_ticks_after_increase` ticks passed
-  since the last change. Between `probe_below_ratio` x SLO and the SLO it holds: that dead
-  band is what keeps a steady load steady. Far below the SLO (every p99 under
-  `fast_probe_below_ratio` of it) a probe takes `fast_probe_fraction` of the limit at once,
-  `fast_probe_hold_ticks` after the last change: a multiplicative climb that gives the box
-  back within seconds after a load shift, where +1 every few ticks takes minutes.
+- Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
+  waiting, KV has room and the last change had time to show. Between `probe_below_ratio` x
+  SLO and the SLO it holds: that dead band is what keeps a steady load steady. A probe is
+  sized by the headroom it sees on fresh evidence (requests admitted since the last change,
+  or the engine's own steps since it): latency is projected to grow with the limit, so a
+  worst p99 at 60 % of its SLO allows +33 % to reach 80 %; far below the SLO (every p99
+  under `fast_probe_below_ratio` of it) the step is capped at `fast_probe_fraction` of the
+  limit. Such a sized probe waits `fast_probe_hold_ticks` after the last change; without
+  fresh evidence, or when the headroom is under one step, a probe is +`increase_step` after
+  `hold_ticks_after_increase` ticks. A multiplicative climb gives the box back within
+  seconds after a load shift or on a ramp, where +1 every few ticks takes minutes.
 - Remember where the SLO broke. Probes stay below that limit for `retry_ticks`, then try
   it once (no higher until it held as long); a retry that breaks it again doubles
   the wait (up to `retry_ticks_max`; the wait never shrinks again, the knee of a box does
@@ -95,6 +99,10 @@ class ControllerConfig:
     # below the SLO one more tick of evidence changes nothing. 3 ticks of 2 s per +25 % took
     # 45 s to climb from 17 to 64 on a steady overload (docs/benchmarks.md, goodput_trace_warm).
     fast_probe_hold_ticks: int = 1
+    # The engine's steps since the last change stand in for finished requests as the
+    # evidence a sized probe needs, once there are this many of them (a step is ~0.1-0.5 s
+    # on the CPU engine, ms on a GPU; a few steps show the new batch's inter-token gap).
+    live_min_steps: int = 8
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
@@ -189,6 +197,8 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
             problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
     if cfg.min_samples < 1:
         problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    if cfg.live_min_steps < 1:
+        problems.append(Problem("live_min_steps", f"must be >= 1, got {cfg.live_min_steps}"))
     problems.extend(_admission_problems(cfg))
     return problems
 
@@ -241,19 +251,34 @@ class ControlInputs:
     fresh_requests: int | None = None
     fresh_ttft_p99_s: float | None = None
     fresh_tpot_p99_s: float | None = None
+    # The engine's steps since the last change (vLLM's stat logger): how many, their mean
+    # inter-token gap (the TPOT of what runs now) and the p99 of the first tokens among
+    # them. None: the engine does not report steps.
+    live_steps: int | None = None
+    live_tpot_s: float | None = None
+    live_ttft_p99_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
         if self.current_limit < 1:
             problems.append(f"current_limit: must be >= 1, got {self.current_limit}")
-        for name in ("ttft_p99_s", "tpot_p99_s", "fresh_ttft_p99_s", "fresh_tpot_p99_s"):
+        for name in (
+            "ttft_p99_s",
+            "tpot_p99_s",
+            "fresh_ttft_p99_s",
+            "fresh_tpot_p99_s",
+            "live_tpot_s",
+            "live_ttft_p99_s",
+        ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name}: must be a finite number >= 0 or None, got {value}")
         if self.requests_in_window < 0:
             problems.append(f"requests_in_window: must be >= 0, got {self.requests_in_window}")
-        if self.fresh_requests is not None and self.fresh_requests < 0:
-            problems.append(f"fresh_requests: must be >= 0 or None, got {self.fresh_requests}")
+        for name in ("fresh_requests", "live_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                problems.append(f"{name}: must be >= 0 or None, got {value}")
         if not 0 <= self.kv_cache_usage_ratio <= 1:
             problems.append(
                 f"kv_cache_usage_ratio: must be in [0, 1], got {self.kv_cache_usage_ratio}"
@@ -667,39 +692,99 @@ def _probe_pressure(t: _Tick) -> str:
     )
 
 
-def _fast_evidence(t: _Tick) -> tuple[float | None, float | None] | None:
-    """The p99s a fast probe is judged by: those of the requests admitted since the last
-    change (the window's when the loop does not measure them); None: too few of those yet."""
-    inputs = t.inputs
-    if inputs.fresh_requests is None:
-        return t.ttft, t.tpot
-    if inputs.fresh_requests < t.cfg.min_samples or inputs.fresh_ttft_p99_s is None:
+@dataclass(frozen=True)
+class _Evidence:
+    """The p99s a sized probe is judged by, and what they were measured on."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    source: str  # for the reason: "" (the window), or what ran under the limit in force
+
+
+def _probe_evidence(t: _Tick) -> _Evidence | None:
+    """What ran wholly under the limit in force: the requests admitted since the last change
+    that finished (min_samples of them), and the engine's steps since it (live_min_steps of
+    them); the worse of the two where both are there. The window's p99s when the loop
+    measures neither; None when it measures them and has too few yet."""
+    inputs, cfg = t.inputs, t.cfg
+    if inputs.fresh_requests is None and inputs.live_steps is None:
+        return _Evidence(t.ttft, t.tpot, "")
+    guarded = cfg.slo_tpot_p99_s is not None
+    found: list[_Evidence] = []
+    fresh = inputs.fresh_requests or 0
+    if fresh >= cfg.min_samples and inputs.fresh_ttft_p99_s is not None:
+        tpot = inputs.fresh_tpot_p99_s if guarded else None
+        found.append(
+            _Evidence(
+                inputs.fresh_ttft_p99_s, tpot, f" of the {fresh} admitted since the last change"
+            )
+        )
+    steps = inputs.live_steps or 0
+    if steps >= cfg.live_min_steps and (inputs.live_tpot_s is not None or not guarded):
+        # The first tokens among the steps where there are any, else the window's (finished
+        # since the change): a step without a new request says nothing of prefill.
+        ttft = inputs.live_ttft_p99_s if inputs.live_ttft_p99_s is not None else t.ttft
+        tpot = inputs.live_tpot_s if guarded else None
+        found.append(_Evidence(ttft, tpot, f" of the engine's {steps} steps since the last change"))
+    if not found:
         return None
-    tpot = inputs.fresh_tpot_p99_s if t.cfg.slo_tpot_p99_s is not None else None
-    return inputs.fresh_ttft_p99_s, tpot
+    if len(found) == 1:
+        return found[0]
+    a, b = found
+
+    def worse(x: float | None, y: float | None) -> float | None:
+        return y if x is None else x if y is None else max(x, y)
+
+    return _Evidence(
+        worse(a.ttft_s, b.ttft_s),
+        worse(a.tpot_s, b.tpot_s),
+        a.source + " and" + b.source.removeprefix(" of"),
+    )
 
 
-def _probe_step(t: _Tick) -> tuple[int, bool]:
-    """How far a probe goes: increase_step, or a share of the limit when far below the SLO.
+def _worst_ratio(cfg: ControllerConfig, ev: _Evidence) -> float | None:
+    """The evidence's worst p99 as a share of its SLO; None without a TTFT to judge."""
+    if ev.ttft_s is None:
+        return None
+    worst = ev.ttft_s / cfg.slo_ttft_p99_s
+    if ev.tpot_s is not None and cfg.slo_tpot_p99_s is not None:
+        worst = max(worst, ev.tpot_s / cfg.slo_tpot_p99_s)
+    return worst
 
-    Far below is judged on requests that ran wholly under the limit in force: a jump of half
-    the limit, one tick after the last, judged on requests admitted before it, climbs on
-    stale news (a CPU engine's TPOT lags its limit by a whole request, ~10 s) and
-    overshoots into the TPOT SLO."""
+
+def _probe_step(t: _Tick) -> tuple[int, str | None]:
+    """How far a probe goes, and why when further than increase_step (None: one step).
+
+    Sized by the headroom on fresh evidence: latency is projected to grow in proportion to
+    the limit, so the step takes the worst p99 to probe_below_ratio of its SLO, at most
+    fast_probe_fraction of the limit. On a CPU engine a decode step's time grows a little
+    less than in proportion to the batch, so the projection errs low. Evidence from requests
+    admitted before the change, or before any change, would climb on stale news (a CPU
+    engine's TPOT lags its limit by a whole request, ~10 s) and overshoot the TPOT SLO."""
     cfg = t.cfg
     step = cfg.increase_step
-    evidence = _fast_evidence(t)
+    evidence = _probe_evidence(t)
     if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
-        return step, False
-    ttft, tpot = evidence
-    far = ttft is not None and ttft < cfg.slo_ttft_p99_s * cfg.fast_probe_below_ratio
-    if far and tpot is not None and cfg.slo_tpot_p99_s is not None:
-        far = tpot < cfg.slo_tpot_p99_s * cfg.fast_probe_below_ratio
-    if far:
-        fast_step = math.ceil(t.limit * cfg.fast_probe_fraction - _EPS)
-        if fast_step > step:
-            return fast_step, True
-    return step, False
+        return step, None
+    worst = _worst_ratio(cfg, evidence)
+    if worst is None or worst >= cfg.probe_below_ratio:
+        return step, None
+    if worst < cfg.fast_probe_below_ratio:
+        grow = cfg.fast_probe_fraction
+        why = (
+            f"every p99{evidence.source} < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
+            f"+{grow:.0%}; "
+        )
+    else:
+        grow = min(cfg.fast_probe_fraction, cfg.probe_below_ratio / worst - 1)
+        why = (
+            f"worst p99{evidence.source} at {worst:.0%} of its SLO: "
+            f"+{grow:.0%} projects {cfg.probe_below_ratio:.0%}; "
+        )
+    sized = math.floor(t.limit * grow + _EPS)
+    if sized > step:
+        return sized, why
+    return step, None
 
 
 def _probe(t: _Tick) -> ControlDecision:
@@ -707,8 +792,8 @@ def _probe(t: _Tick) -> ControlDecision:
     blocker = _probe_blocker(t)
     if blocker is not None:
         return t.hold(blocker)
-    step, fast = _probe_step(t)
-    blocker = _hold_blocker(t, fast)
+    step, sized = _probe_step(t)
+    blocker = _hold_blocker(t, sized is not None)
     if blocker is not None:
         return t.hold(blocker)
     wanted = min(t.upper, base_for(limit + step, factor))
@@ -722,17 +807,9 @@ def _probe(t: _Tick) -> ControlDecision:
         return t.hold(f"at the ceiling ({ceiling})")
     assert t.ttft is not None  # _probe_blocker holds without a judged TTFT
     ttft_probe = cfg.slo_ttft_p99_s * cfg.probe_below_ratio
-    fresh = t.inputs.fresh_requests
-    of = f" of the {fresh} admitted since the last change" if fresh is not None else ""
-    how = (
-        f"every p99{of} < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
-        f"+{cfg.fast_probe_fraction:.0%}; "
-        if fast
-        else ""
-    )
     reason = (
         f"p99 TTFT {_fmt_s(t.ttft)} < {_fmt_s(ttft_probe)} "
         f"({cfg.probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_ttft_p99_s)}), "
-        f"{how}{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
+        f"{sized or ''}{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
     )
     return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)

@@ -21,6 +21,7 @@ from appliance.domain.controller import (
 )
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.prefill import PrefillBudget, budget_moved, prefill_budget
+from appliance.domain.step_latency import StepLatency
 from appliance.services.admission import AdmissionQueue
 from appliance.services.events import EventBus
 from appliance.services.periodic import Periodic
@@ -48,6 +49,7 @@ class ControlLoop:
         clock: Callable[[], float] = time.monotonic,
         forecast: Callable[[], Any] | None = None,
         keep_ceiling: Callable[[int | None, str], None] | None = None,
+        step_latency: Callable[[float], StepLatency | None] | None = None,
     ) -> None:
         self._cfg = cfg
         self.mode = mode
@@ -55,6 +57,8 @@ class ControlLoop:
         self._admission = admission
         self._latency = latency
         self._kv_usage = kv_usage
+        # The engine's steps since a moment (vLLM's stat logger): live evidence for probes.
+        self._step_latency = step_latency
         # The throughput knee of the last applied benchmark: the limit is never above it.
         self.ceiling: int | None = None
         # Where each ceiling change is kept, so a restarted daemon steers by the same one.
@@ -65,6 +69,7 @@ class ControlLoop:
         self.state = initial_state()
         self.last: ControlDecision | None = None
         self.prefill: PrefillBudget | None = None
+        self.live: StepLatency | None = None  # the engine's steps the last tick judged
         self.decisions: list[dict[str, Any]] = []  # the recent changes, for status views
         self._periodic = Periodic("controller", self.tick, lambda: self.cfg.tick_s, log)
         # The load predictor runs off the loop (loading its model imports torch) on its own
@@ -204,6 +209,7 @@ class ControlLoop:
             min_samples=self.cfg.min_samples,
             admitted_since_s=since if since is not None else now - self.cfg.window_s,
         )
+        live = self.live = self._live(since if since is not None else now - self.cfg.window_s)
         snap = self._admission.snapshot()
         inputs = ControlInputs(
             now_s=now,
@@ -214,6 +220,9 @@ class ControlLoop:
             fresh_requests=fresh.count,
             fresh_ttft_p99_s=fresh.ttft_p99_s,
             fresh_tpot_p99_s=fresh.tpot_p99_s,
+            live_steps=None if live is None else live.steps,
+            live_tpot_s=None if live is None else live.itl_mean_s,
+            live_ttft_p99_s=None if live is None else live.ttft_p99_s,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -248,6 +257,12 @@ class ControlLoop:
             if self._record is not None:
                 self._record(entry["ts_s"], d.limit, d.reason)
         return d
+
+    def _live(self, since_s: float) -> StepLatency | None:
+        """The engine's steps since since_s; None when no engine reports them."""
+        if self._step_latency is None:
+            return None
+        return self._step_latency(since_s)
 
     def _steer_prefill(self, now_s: float) -> None:
         """The prefill budget for this tick; an event when it switches or moves by > 25 %."""
@@ -338,6 +353,15 @@ class ControlLoop:
                 "shed_total": sum(self._admission.shed_total.values()),
                 "reason": None if self.prefill is None else self.prefill.reason,
             },
+            # The engine's own steps since the last change (vLLM's stat logger), as the last
+            # tick saw them: what a probe is sized on before requests finish.
+            "live": None
+            if self.live is None
+            else {
+                "steps": self.live.steps,
+                "tpot_s": _round_s(self.live.itl_mean_s),
+                "ttft_p99_s": _round_s(self.live.ttft_p99_s),
+            },
             "forecast": None
             if self.forecast is None
             else {
@@ -348,3 +372,7 @@ class ControlLoop:
                 "reason": self.forecast.reason,
             },
         }
+
+
+def _round_s(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

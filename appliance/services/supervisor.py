@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from appliance.config import EngineConfig
 from appliance.domain.engine_types import EngineInfo, EngineStats
+from appliance.domain.step_latency import StepLatency
 from appliance.errors import EngineDead, EngineStartError, NotReady
 from appliance.ports import Engine, EngineFactory, OpenAIFrontend
 from appliance.services.admission import AdmissionQueue
@@ -67,6 +68,15 @@ class EngineSupervisor:
         if self._engine is None:
             raise EngineDead("no engine is running")
         return self._engine
+
+    def step_latency(self, since_s: float) -> StepLatency | None:
+        """The running engine's steps since since_s; None while there is no engine."""
+        if self._engine is None:
+            return None
+        try:
+            return self._engine.step_latency(since_s)
+        except Exception:  # an engine going down mid-call is the same as none
+            return None
 
     def stats(self) -> EngineStats | None:
         """The running engine's figures; None while there is no engine or it cannot answer

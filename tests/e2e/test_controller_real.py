@@ -149,4 +149,12 @@ async def test_step_load_climbs_and_slo_breach_backs_off(daemon: Daemon):
     assert decisions and all(d["reason"] for d in decisions)
     reasons = [d["reason"] for d in decisions]
     assert any(d["action"] == "up" and "queued" in d["reason"] for d in decisions), reasons
+    # vLLM's stat logger reported the engine's steps, and a probe was sized on those taken
+    # since the change before it.
+    assert any(
+        d["action"] == "up"
+        and "engine's" in d["reason"]
+        and "steps since the last change" in d["reason"]
+        for d in decisions
+    ), reasons
     assert any(d["action"] == "down" and "SLO" in d["reason"] for d in decisions), reasons

@@ -6,6 +6,7 @@ from appliance.config import AdmissionConfig
 from appliance.domain.controller import Action, ControllerConfig, ControlMode
 from appliance.domain.lanes import Lane
 from appliance.domain.latency_window import LatencyWindow
+from appliance.domain.step_latency import StepLatencyLog
 from appliance.services.admission import AdmissionQueue
 from appliance.services.control_loop import ControlLoop
 from appliance.services.events import EventBus
@@ -20,7 +21,7 @@ class Clock:
 
 
 def _loop(
-    clock: Clock, forecast=None
+    clock: Clock, forecast=None, steps: StepLatencyLog | None = None
 ) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, EventBus]:
     admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
     latency = LatencyWindow(window_s=60)
@@ -44,6 +45,7 @@ def _loop(
         events=events,
         clock=clock,
         forecast=forecast,
+        step_latency=None if steps is None else steps.since,
     )
     return loop, admission, latency, events
 
@@ -227,6 +229,43 @@ async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
     assert "of the 2 admitted since the last change" in d.reason
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_engines_steps_after_a_change_size_the_next_probe():
+    import asyncio
+
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
+    clock.now_s += 1
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    # The requests finishing now were admitted before the change; the engine's steps taken
+    # before it are no evidence either: one step.
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
+    for _ in range(10):
+        steps.add(clock.now_s - 0.5, (), (0.1,))
+    clock.now_s += 1
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 7), d.reason
+    # Steps after that change with first tokens far below the SLO: a sized probe, on them.
+    clock.now_s += 1
+    for _ in range(8):
+        steps.add(clock.now_s - 0.2, (0.02,), (0.1,))
+    latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 5)
+    latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 5)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
+    assert "of the engine's 8 steps since the last change" in d.reason
+    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1}
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -616,14 +616,15 @@ def test_a_fast_probe_waits_fewer_ticks_than_a_one_step_probe():
     # One tick after a change: a +1 probe waits out hold_ticks_after_increase (3), a fast
     # one only fast_probe_hold_ticks (1), so a steady overload is climbed in seconds.
     just_changed = settled(tick=100, last_change_tick=100)
-    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), just_changed, FAST)
+    # TTFT 1.15 s is 77 % of the SLO: a headroom of under one step, so +1 after 3 ticks.
+    d = step(inputs(limit=8, ttft=1.15, tpot=0.05, queued=3), just_changed, FAST)
     assert d.action is Action.HOLD and "3 more tick(s) after the last change" in d.reason
     d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), just_changed, FAST)
     assert d.action is Action.HOLD and "1 more tick(s) after the last change" in d.reason
     two_ago = settled(tick=100, last_change_tick=99)
     d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), two_ago, FAST)
     assert (d.limit, d.action) == (12, Action.UP), d.reason
-    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), two_ago, FAST)
+    d = step(inputs(limit=8, ttft=1.15, tpot=0.05, queued=3), two_ago, FAST)
     assert d.action is Action.HOLD, d.reason
 
 
@@ -655,13 +656,79 @@ def test_a_steady_overload_far_below_the_slo_is_climbed_in_seconds():
     assert ticks <= 13
 
 
-def test_between_half_and_the_probe_mark_a_probe_is_one_step():
-    # TTFT 0.9 s: over half the SLO, under 80 % of it.
-    d = step(inputs(limit=8, ttft=0.9, tpot=0.05, queued=3), settled(), FAST)
-    assert (d.limit, d.action) == (9, Action.UP) and "+25%" not in d.reason
-    # TPOT over half its SLO holds the fast step back too.
-    d = step(inputs(limit=8, ttft=0.5, tpot=0.12, queued=3), settled(), FAST)
-    assert d.limit == 9
+def test_between_half_and_the_probe_mark_a_probe_is_sized_by_the_headroom():
+    # TTFT 0.9 s is 60 % of the 1.5 s SLO: latency projected in proportion to the limit
+    # reaches the 80 % probe mark at +33 %: 12 -> 16.
+    d = step(inputs(limit=12, ttft=0.9, tpot=0.05, queued=3), settled(), FAST)
+    assert (d.limit, d.action) == (16, Action.UP), d.reason
+    assert "worst p99 at 60% of its SLO: +33% projects 80%" in d.reason
+    # TPOT is the worse one here (0.14 s of 0.2 s = 70 %): +14 %, 16 -> 18.
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.14, queued=3), settled(), FAST)
+    assert d.limit == 18, d.reason
+    # Near the mark (77 %) the headroom is under one step: +1, as before.
+    d = step(inputs(limit=8, ttft=1.15, tpot=0.05, queued=3), settled(), FAST)
+    assert (d.limit, d.action) == (9, Action.UP) and "projects" not in d.reason, d.reason
+    # A sized probe never takes more than fast_probe_fraction, however far below.
+    d = step(inputs(limit=16, ttft=0.76, tpot=0.01, queued=3), settled(), FAST)
+    assert d.limit == 24, d.reason
+
+
+def test_no_sized_probe_without_a_queue_or_with_the_fraction_off():
+    # A forecast alone (no queue yet) probes one step: nothing runs at the limit to judge.
+    forecast = {"forecast_pending": 50.0, "forecast_horizon_s": 30.0, "forecast_source": "ewma"}
+    d = step(inputs(limit=12, ttft=0.9, queued=0, in_flight=3, **forecast), settled(), FAST)
+    assert d.limit == 13, d.reason
+    off = replace(FAST, fast_probe_fraction=0.0)
+    d = step(inputs(limit=12, ttft=0.9, tpot=0.05, queued=3), settled(), off)
+    assert d.limit == 13, d.reason
+
+
+# -- live evidence: the engine's steps since the last change ------------------------------
+
+
+def _live(steps: int, tpot: float | None, ttft: float | None = None) -> dict[str, object]:
+    return {"live_steps": steps, "live_tpot_s": tpot, "live_ttft_p99_s": ttft}
+
+
+def test_the_engines_steps_since_a_change_stand_in_for_finished_requests():
+    # Only 3 requests admitted since the change have finished (stale news alone), but the
+    # engine took 20 steps since it at 50 ms a token (25 % of the TPOT SLO): a sized probe.
+    few = {"fresh_requests": 3, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.05}
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, **few, **_live(20, 0.05, 0.4)), settled(), FAST)
+    assert d.limit == 24, d.reason
+    assert "of the engine's 20 steps since the last change" in d.reason
+    # The live TPOT is what the new batch runs at: 0.13 s is 65 %, +23 %: 16 -> 19.
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, **few, **_live(20, 0.13, 0.4)), settled(), FAST)
+    assert d.limit == 19, d.reason
+    # Too few steps yet: one step only, as with too few requests.
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, **few, **_live(5, 0.05, 0.4)), settled(), FAST)
+    assert d.limit == 17, d.reason
+
+
+def test_live_and_finished_evidence_together_are_judged_by_the_worse():
+    ok = {"fresh_requests": 12, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.05}
+    # Finished requests look far below (25 %), the steps taken now show 70 %: +14 %.
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, **ok, **_live(20, 0.14, 0.3)), settled(), FAST)
+    assert d.limit == 18, d.reason
+    assert "of the 12 admitted since the last change and the engine's 20 steps" in d.reason
+    # Steps without a new request's first token: the window's TTFT stands in for it.
+    d = step(inputs(limit=16, ttft=1.15, tpot=0.05, **_live(20, 0.05, None)), settled(), FAST)
+    assert d.limit == 17, d.reason
+
+
+def test_live_evidence_never_lets_a_probe_past_the_other_conditions():
+    # The window since the change breaks the SLO: a cut, whatever the steps say.
+    d = step(inputs(limit=16, tpot=0.3, **_live(50, 0.02, 0.1)), settled(), FAST)
+    assert d.action is Action.DOWN, d.reason
+    # Live latency above the probe mark: one step (the window's p99s allow a probe).
+    d = step(inputs(limit=16, ttft=0.5, tpot=0.05, **_live(50, 0.19, 0.1)), settled(), FAST)
+    assert d.limit == 17, d.reason
+    with pytest.raises(ValueError, match="live_tpot_s"):
+        inputs(live_tpot_s=float("inf"))
+    with pytest.raises(ValueError, match="live_steps"):
+        inputs(live_steps=-1)
+    with pytest.raises(InvariantError, match="live_min_steps"):
+        ControllerConfig(live_min_steps=0)
 
 
 def test_a_fast_probe_still_stops_below_the_breaking_point():
