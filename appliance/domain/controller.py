@@ -103,6 +103,13 @@ class ControllerConfig:
     # evidence a sized probe needs, once there are this many of them (a step is ~0.1-0.5 s
     # on the CPU engine, ms on a GPU; a few steps show the new batch's inter-token gap).
     live_min_steps: int = 8
+    # The engine's steps are judged over at most this many recent seconds (and never from
+    # before the last change): a cut must see what runs now, not the batch before it.
+    live_span_s: float = 4.0
+    # A cut on the engine's steps (their mean TPOT or first-token p99 over the SLO) is sized
+    # to bring them to probe_below_ratio x the SLO, in proportion to the limit, but cuts at
+    # most to this share of the limit and at least to decrease_factor of it.
+    live_cut_floor_ratio: float = 0.5
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
@@ -199,6 +206,16 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
         problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
     if cfg.live_min_steps < 1:
         problems.append(Problem("live_min_steps", f"must be >= 1, got {cfg.live_min_steps}"))
+    if not cfg.live_span_s > 0:
+        problems.append(Problem("live_span_s", f"must be > 0, got {cfg.live_span_s}"))
+    if not 0 < cfg.live_cut_floor_ratio <= cfg.decrease_factor:
+        problems.append(
+            Problem(
+                "live_cut_floor_ratio",
+                f"must be in (0, {{decrease_factor}}={cfg.decrease_factor}], "
+                f"got {cfg.live_cut_floor_ratio}",
+            )
+        )
     problems.extend(_admission_problems(cfg))
     return problems
 
@@ -531,7 +548,8 @@ def _clamp(t: _Tick) -> ControlDecision | None:
 
 
 def _breaches(t: _Tick) -> list[str]:
-    """What breaks this tick: KV over its high mark, a p99 over its SLO."""
+    """What breaks this tick: KV over its high mark, a p99 over its SLO, the engine's own
+    recent steps over it."""
     cfg = t.cfg
     causes = []
     if t.kv > cfg.kv_high_ratio:
@@ -540,29 +558,76 @@ def _breaches(t: _Tick) -> list[str]:
         causes.append(f"p99 TTFT {_fmt_s(t.ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}")
     if t.tpot is not None and cfg.slo_tpot_p99_s is not None and t.tpot > cfg.slo_tpot_p99_s:
         causes.append(f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
+    live = _live_overshoot(t)
+    if live is not None:
+        causes.append(live[1])
     return causes
+
+
+def _live_overshoot(t: _Tick) -> tuple[float, str] | None:
+    """The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
+
+    A finished request shows a breach only when it ends, ~10 s after the batch that broke
+    it started on the CPU engine; the steps show it within a tick. Judged only while the
+    engine runs no more than the limit in force: after a cut the requests admitted before
+    it still run, and their steps say nothing of the new limit."""
+    cfg, inputs = t.cfg, t.inputs
+    if (inputs.live_steps or 0) < cfg.live_min_steps or inputs.in_flight > t.limit:
+        return None
+    parts: list[tuple[float, str]] = []
+    tpot = inputs.live_tpot_s
+    if tpot is not None and cfg.slo_tpot_p99_s is not None and tpot > cfg.slo_tpot_p99_s:
+        parts.append(
+            (tpot / cfg.slo_tpot_p99_s, f"TPOT {_fmt_s(tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
+        )
+    ttft = inputs.live_ttft_p99_s
+    if ttft is not None and ttft > cfg.slo_ttft_p99_s:
+        parts.append(
+            (
+                ttft / cfg.slo_ttft_p99_s,
+                f"p99 TTFT {_fmt_s(ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}",
+            )
+        )
+    if not parts:
+        return None
+    worst = max(r for r, _ in parts)
+    what = " and ".join(w for _, w in parts)
+    return worst, f"the engine's last {inputs.live_steps} steps: {what}"
 
 
 def _is_mild(t: _Tick) -> bool:
     """Every p99 within mild_breach_ratio x its SLO and KV not over its mark: one step back."""
     cfg = t.cfg
+    live = _live_overshoot(t)
     worst = max(
         (t.ttft or 0.0) / cfg.slo_ttft_p99_s,
         (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
+        0.0 if live is None else live[0],
     )
     return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
 
 
+def _cut_factor(t: _Tick) -> float:
+    """x decrease_factor; deeper when the engine's steps are far over the SLO: sized to bring
+    them to probe_below_ratio of it (latency in proportion to the limit), at most to
+    live_cut_floor_ratio of the limit. A box that slows by half (a throttled GPU, a noisy
+    neighbour) needs half the limit; 0.75 a cut, 4 ticks apart, takes 12 s to get there."""
+    cfg = t.cfg
+    live = _live_overshoot(t)
+    if live is None:
+        return cfg.decrease_factor
+    sized = cfg.probe_below_ratio / live[0]
+    return max(cfg.live_cut_floor_ratio, min(cfg.decrease_factor, sized))
+
+
 def _cut_base(t: _Tick, mild: bool) -> int:
-    """The base limit after a cut: one step when mild, else x decrease_factor (>= one step)."""
+    """The base limit after a cut: one step when mild, else x the cut factor (>= one step)."""
     cfg = t.cfg
     floor_limit = derated(cfg.min_limit, t.factor)
     if mild:
         target = max(floor_limit, t.limit - cfg.increase_step)
     else:
-        target = max(
-            floor_limit, min(t.limit - 1, math.floor(t.limit * cfg.decrease_factor + _EPS))
-        )
+        target = max(floor_limit, min(t.limit - 1, math.floor(t.limit * _cut_factor(t) + _EPS)))
     return min(t.upper, max(cfg.min_limit, base_for(target, t.factor)))
 
 

@@ -209,7 +209,12 @@ class ControlLoop:
             min_samples=self.cfg.min_samples,
             admitted_since_s=since if since is not None else now - self.cfg.window_s,
         )
-        live = self.live = self._live(since if since is not None else now - self.cfg.window_s)
+        # The engine's steps since the last change, and no older than live_span_s: a probe
+        # needs what ran under the limit in force, a cut what runs now.
+        live_since = max(
+            since if since is not None else now - self.cfg.window_s, now - self.cfg.live_span_s
+        )
+        live = self.live = self._live(live_since)
         snap = self._admission.snapshot()
         inputs = ControlInputs(
             now_s=now,

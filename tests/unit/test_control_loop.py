@@ -269,3 +269,23 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_cut_on_the_engines_steps_sees_only_the_last_seconds():
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps)
+    # First tokens 3 s late (the SLO is 1 s), 10 s ago: the span (4 s) has forgotten them.
+    for _ in range(10):
+        steps.add(clock.now_s - 10, (0.01,), (3.0,))
+    for _ in range(3):
+        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
+    d = loop.tick()
+    assert d.action is not Action.DOWN, d.reason
+    # The same in the last seconds: a cut on them, before any request finished late.
+    for _ in range(10):
+        steps.add(clock.now_s - 1, (0.01,), (3.0,))
+    clock.now_s += 1
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
+    assert "the engine's last 10 steps: p99 TTFT 3 s > SLO 1 s" in d.reason

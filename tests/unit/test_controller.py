@@ -742,3 +742,52 @@ def test_fast_probe_settings_are_checked():
         ControllerConfig(fast_probe_below_ratio=0.9)
     with pytest.raises(InvariantError, match="fast_probe_fraction"):
         ControllerConfig(fast_probe_fraction=1.5)
+
+
+# -- cuts on the engine's own recent steps -----------------------------------------------
+
+
+def test_the_engines_steps_over_the_slo_cut_before_any_request_finishes():
+    # No finished request over the SLO yet (the window looks fine), but the steps the engine
+    # took in the last seconds run at 0.28 s a token against a 0.2 s SLO (1.4x): the cut is
+    # sized to bring them to 80 % of it, 32 x 0.8 / 1.4 = 18.
+    d = step(inputs(limit=32, ttft=0.5, tpot=0.05, **_live(20, 0.28, 0.3)), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+    assert "the engine's last 20 steps: TPOT 280 ms > SLO 200 ms" in d.reason
+    assert d.state.breach_base == 32  # remembered like any breach
+
+
+def test_a_live_cut_never_goes_below_half_the_limit_nor_cuts_less_than_a_plain_one():
+    # Twice the SLO would size 0.4x: held at live_cut_floor_ratio, half.
+    d = step(inputs(limit=32, **_live(20, 0.4, 0.3)), settled(), FAST)
+    assert d.limit == 16, d.reason
+    # 1.3x would size 0.62x; a plain cut is 0.75x; the deeper one wins.
+    d = step(inputs(limit=32, **_live(20, 0.26, 0.3)), settled(), FAST)
+    assert d.limit == 19, d.reason
+    # A mild overshoot (within 1.25x) is one step, as on finished requests.
+    d = step(inputs(limit=32, **_live(20, 0.22, 0.3)), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 31), d.reason
+    # The engine's first tokens over the TTFT SLO count the same way: 3 s of 1.5 s, half.
+    d = step(inputs(limit=32, **_live(20, 0.05, 3.0)), settled(), FAST)
+    assert d.limit == 16 and "p99 TTFT 3 s > SLO 1.5 s" in d.reason, d.reason
+
+
+def test_steps_say_nothing_of_a_limit_while_more_than_it_still_run():
+    # After a cut to 16 the 24 admitted before it still run: their slow steps are the old
+    # limit's doing, and cutting again on them would ratchet down to the floor.
+    d = step(inputs(limit=16, in_flight=24, queued=0, **_live(20, 0.4, 0.3)), settled(), FAST)
+    assert d.action is Action.HOLD, d.reason
+    # Too few steps to judge: no cut either.
+    d = step(inputs(limit=16, queued=0, **_live(5, 0.4, 0.3)), settled(), FAST)
+    assert d.action is Action.HOLD, d.reason
+    # Cuts on steps are paced like any other: the last one 2 ticks ago, hold.
+    st = settled(tick=100, last_decrease_tick=99, last_change_tick=99)
+    d = step(inputs(limit=16, **_live(20, 0.4, 0.3)), st, FAST)
+    assert d.action is Action.HOLD and "for the last cut to show" in d.reason, d.reason
+
+
+def test_live_cut_settings_are_checked():
+    with pytest.raises(InvariantError, match="live_span_s"):
+        ControllerConfig(live_span_s=0)
+    with pytest.raises(InvariantError, match="live_cut_floor_ratio"):
+        ControllerConfig(live_cut_floor_ratio=0.9)
