@@ -320,9 +320,7 @@ class _Episodes:
                         },
                     )
             for _ in range(seg.slowdown_procs):
-                self.procs.append(
-                    subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                )
+                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
             await asyncio.sleep(max(0.0, t0 + start + seg.duration_s - time.perf_counter()))
             self.stop_procs()
 
@@ -469,6 +467,9 @@ class Plan:
     skip_unbounded: tuple[str, ...] = ()  # traces that run no unbounded arm
     warmup_s: float = 0.0  # unscored lead-in of the first segment's load before each run
     levels_for: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-trace levels
+    # Per trace: the static and unbounded runs of an earlier measurement, reused instead of
+    # run again (those arms are manual mode, where a change to the controller runs no code).
+    reuse: dict[str, tuple[TraceRun, ...]] = field(default_factory=dict)
 
 
 COOL_C = 65.0  # the simulated GPU under this load settles near 71 °C; idle near 31 °C
@@ -560,6 +561,13 @@ async def run_trace_arms(
         runs.append(run)
         return run
 
+    reused = plan.reuse.get(trace.name)
+    if reused:
+        log(f"  {trace.name}: static and unbounded arms reused ({len(reused)} runs)")
+        runs += reused
+        for seed in range(plan.runs):
+            await one("controller", seed)
+        return runs
     levels = plan.levels_for.get(trace.name, plan.levels)
     sweep = [await one(f"static:{n}", 0) for n in levels]
     best = max(sweep, key=lambda r: (r.goodput_rps, -int(r.arm.split(":")[1])))
@@ -745,6 +753,51 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
     }
 
 
+def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]], list[str]]:
+    """The fixed arms (static:N, unbounded) of the plan's traces from an earlier --json-out
+    file, and a note naming it. Refused unless it ran the same seeds, capacity, warm-up, SLO,
+    output length and trace shapes."""
+    doc = json.loads(path.read_text())
+    then = doc.get("plan") or {}
+    problems = []
+    capacity = doc.get("capacity_rps", 0)
+    if plan.capacity_rps is None or abs(capacity - plan.capacity_rps) > 1e-6:
+        problems.append(f"capacity {capacity} req/s, here {plan.capacity_rps}")
+    for key, here in (
+        ("warmup_s", plan.warmup_s),
+        ("slo", asdict(plan.slo)),
+        ("max_tokens", plan.max_tokens),
+        ("drain_s", plan.drain_s),
+    ):
+        if then.get(key) != here:
+            problems.append(f"{key} {then.get(key)}, here {here}")
+    if then.get("runs", 0) < plan.runs:
+        problems.append(f"{then.get('runs')} seeds, here {plan.runs}")
+    out: dict[str, tuple[TraceRun, ...]] = {}
+    for trace in plan.traces:
+        fixed = []
+        for r in doc.get("runs") or []:
+            if r["trace"] != trace.name or r["arm"] == "controller" or r["seed"] >= plan.runs:
+                continue
+            if r["duration_s"] != trace.duration_s or len(r["phases"]) != len(trace.segments):
+                problems.append(f"{trace.name} had another shape then")
+                break
+            phases = tuple(PhaseResult(**p) for p in r["phases"])
+            fixed.append(TraceRun(**{**r, "phases": phases, "timeline": tuple(r["timeline"])}))
+        if not any(r.arm.startswith("static:") and r.seed == 0 for r in fixed):
+            problems.append(f"no static sweep of {trace.name}")
+        out[trace.name] = tuple(fixed)
+    if problems:
+        raise SystemExit(f"reuse: {path} does not match this run: " + "; ".join(problems))
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["measured_at_unix_s"]))
+    note = (
+        f"static and unbounded arms of {', '.join(t.name for t in plan.traces)}: reused from "
+        f"{path.name} "
+        f"(measured {when} with `{doc.get('command')}`); only the controller ran here"
+    )
+    return out, [note]
+
+
 def _levels_for(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     out = {}
     for item in items:
@@ -781,12 +834,23 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="unscored lead-in at the first segment's load before each run (0: cold start)",
     )
-    p.add_argument("--levels-for", action="append", default=[], metavar="TRACE=N,N",
-                   help="static levels for one trace (default --levels)")
+    p.add_argument(
+        "--levels-for",
+        action="append",
+        default=[],
+        metavar="TRACE=N,N",
+        help="static levels for one trace (default --levels)",
+    )
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
     p.add_argument("--markdown", help="write the table into this file's --section")
     p.add_argument("--section", default="goodput_trace", help="the markdown section's name")
     p.add_argument("--json-out", help="write every number to this file")
+    p.add_argument(
+        "--reuse",
+        type=Path,
+        help="an earlier --json-out: its static and unbounded runs of these traces stand, "
+        "only the controller runs (for a change that touches auto mode alone)",
+    )
     args = p.parse_args(argv)
     try:
         traces = tuple(load_trace(t.strip()) for t in args.traces.split(",") if t.strip())
@@ -812,8 +876,13 @@ def main(argv: list[str] | None = None) -> int:
         levels_for=_levels_for(args.levels_for),
         warmup_s=max(0.0, args.warmup_s),
     )
+    reuse_notes: list[str] = []
+    if args.reuse is not None:
+        reuse, reuse_notes = load_reuse(args.reuse, plan)
+        plan = replace(plan, reuse=reuse)
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     doc = asyncio.run(run(plan, None if args.start else args.url, token))
+    doc["notes"] += reuse_notes
     doc["command"] = "python bench/goodput_trace.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

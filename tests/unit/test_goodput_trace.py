@@ -134,3 +134,69 @@ def test_the_warmup_is_the_first_segments_load_unscored() -> None:
     assert all(a.prompt_tokens == 100 for a in lead)
     assert 40 < len(lead) < 85  # the segment's starting rate (2 req/s), not its ramp
     assert warmup_schedule(t, 2.0, 0, 0.0) == []
+
+
+def _plan(trace_doc: dict[str, object], **kw: object) -> object:
+    from bench.goodput_trace import Plan
+
+    base = {
+        "traces": (parse_trace(trace_doc),),
+        "runs": 2,
+        "levels": (16,),
+        "slo": GoodputSlo(5.0, 0.5),
+        "max_tokens": 32,
+        "drain_s": 15.0,
+        "max_limit": 64,
+        "capacity_rps": 5.68,
+        "warmup_s": 45.0,
+    }
+    return Plan(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_fixed_arms_are_reused_only_from_a_run_that_matches(tmp_path) -> None:
+    import json
+    from dataclasses import asdict
+
+    from bench.goodput_trace import load_reuse
+
+    trace_doc = {"name": "t", "segments": [_seg(duration_s=10)]}
+    then = {
+        "measured_at_unix_s": 0.0,
+        "command": "python bench/goodput_trace.py --traces t",
+        "capacity_rps": 5.68,
+        "plan": {
+            "runs": 3,
+            "warmup_s": 45.0,
+            "slo": {"ttft_s": 5.0, "tpot_s": 0.5},
+            "max_tokens": 32,
+            "drain_s": 15.0,
+        },
+        "runs": [
+            asdict(r)
+            for r in (
+                _run("static:16", 0, 3.0),
+                _run("static:32", 0, 2.0),
+                _run("static:16", 1, 2.5),
+                _run("static:16", 2, 9.0),  # a seed this plan does not run
+                _run("unbounded", 0, 1.0),
+                _run("controller", 0, 5.0),  # never reused: it is what runs again
+            )
+        ],
+    }
+    path = tmp_path / "then.json"
+    path.write_text(json.dumps(then))
+    reuse, notes = load_reuse(path, _plan(trace_doc))
+    assert sorted((r.arm, r.seed) for r in reuse["t"]) == [
+        ("static:16", 0),
+        ("static:16", 1),
+        ("static:32", 0),
+        ("unbounded", 0),
+    ]
+    assert "only the controller ran here" in notes[0] and "then.json" in notes[0]
+    # Another capacity, SLO or trace shape: the numbers would not compare; refused by name.
+    with pytest.raises(SystemExit, match="capacity"):
+        load_reuse(path, _plan(trace_doc, capacity_rps=6.0))
+    with pytest.raises(SystemExit, match="slo"):
+        load_reuse(path, _plan(trace_doc, slo=GoodputSlo(2.0, 0.5)))
+    with pytest.raises(SystemExit, match="another shape"):
+        load_reuse(path, _plan({"name": "t", "segments": [_seg(duration_s=20)]}))
