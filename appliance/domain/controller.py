@@ -35,7 +35,10 @@ AIMD with memory. Each tick, in `auto` mode:
 The controller works on the *base* limit (what `AdmissionQueue.set_limit` takes) and reports
 the *effective* one, base x thermal derate factor (what actually runs), so a thermal cut
 lowers the operating point at once: effective <= floor(max_limit x derate). While derated
-it only holds or cuts, never probes. In `manual` mode the base is the operator's limit.
+it probes only to win back its own cuts, never above the base it had when the derate
+began: a slower hot box breaks the SLO at its old batch, the controller cuts, and without
+this it would sit at that cut until the derate ends (a dwell of minutes) however much the
+load eased. In `manual` mode the base is the operator's limit.
 """
 
 from __future__ import annotations
@@ -351,6 +354,7 @@ class ControllerState:
     breach_tick: int | None = None
     retry_ticks: int | None = None  # current wait before probing at breach_base again
     retrying_since_tick: int | None = None  # a probe went to >= breach_base at this tick
+    derate_base: int | None = None  # the base limit when the derate in force began
 
 
 @dataclass(frozen=True)
@@ -432,7 +436,10 @@ def _finish(
             f"thermal derate x{inputs.derate_factor:.2f}: {state.last_limit} -> {limit} "
             f"(base {base}); {reason}"
         )
-    nxt = replace(state, tick=tick, last_limit=limit, **updates)
+    # The base a derate found stays the ceiling for probes until the derate ends.
+    derating = inputs.derate_factor < 1 - _EPS
+    derate_base = (state.derate_base or inputs.current_limit) if derating else None
+    nxt = replace(state, tick=tick, last_limit=limit, derate_base=derate_base, **updates)
     if changed:
         nxt = replace(nxt, last_change_tick=tick, last_change_s=inputs.now_s)
     if action in (Action.UP, Action.DOWN):
@@ -669,15 +676,20 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
     )
 
 
+def _derate_ceiling(t: _Tick) -> int:
+    """The highest base a probe may reach under a derate: the base when the derate began."""
+    return t.state.derate_base if t.state.derate_base is not None else t.base
+
+
 def _probe_blocker(t: _Tick) -> str | None:
     """Why this tick may not probe up, or None when every condition for a probe holds."""
     cfg, inputs, limit, factor = t.cfg, t.inputs, t.limit, t.factor
     if inputs.protect:
         return "thermal PROTECT, not probing"
-    if factor < 1 - _EPS:
-        # Probing under a derate would hand back the load the thermal policy just took away,
-        # and the two would fight down to the thermal floor.
-        return f"thermal derate x{factor:.2f} in force, not probing"
+    if factor < 1 - _EPS and t.base >= _derate_ceiling(t):
+        # Probing past the base the derate found would hand back the load the thermal
+        # policy just took away, and the two would fight down to the thermal floor.
+        return f"thermal derate x{factor:.2f} in force, not probing past base {t.base}"
     if t.ttft is None:
         return (
             f"{inputs.requests_in_window} request(s) in the window, "
@@ -862,6 +874,8 @@ def _probe(t: _Tick) -> ControlDecision:
     if blocker is not None:
         return t.hold(blocker)
     wanted = min(t.upper, base_for(limit + step, factor))
+    if factor < 1 - _EPS:
+        wanted = min(wanted, _derate_ceiling(t))
     new_base, retrying_since, blocker = _respect_breach(t, wanted)
     if blocker is not None:
         return t.hold(blocker)

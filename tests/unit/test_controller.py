@@ -242,10 +242,32 @@ def test_derate_scales_the_limit_and_is_reported():
 def test_no_probing_under_derate_but_cuts_move_the_effective_limit():
     d = step(inputs(limit=16, derate_factor=0.5), settled())
     assert (d.action, d.limit, d.base_limit) == (Action.HOLD, 8, 16)
-    assert "thermal derate x0.50 in force, not probing" in d.reason
+    assert "thermal derate x0.50 in force, not probing past base 16" in d.reason
     d = step(inputs(limit=16, derate_factor=0.5, ttft=3.0), settled())
     assert (d.limit, d.base_limit) == (6, 12)
     assert d.reason.endswith("8 -> 6 (base 16 -> 12 at derate x0.50)")
+
+
+def test_under_a_derate_probes_win_back_the_controllers_own_cuts_only():
+    # The derate began at base 64 (remembered); the box slowed and the controller cut to
+    # 32. The load eased: probes may go back towards 64, never past it.
+    st = settled(derate_base=64)
+    d = step(inputs(limit=32, derate_factor=0.75, ttft=0.3, tpot=0.05, queued=5), st, FAST)
+    assert d.action is Action.UP and 32 < d.base_limit <= 64, d.reason
+    assert d.state.derate_base == 64
+    d = step(inputs(limit=60, derate_factor=0.75, ttft=0.3, tpot=0.05, queued=5), st, FAST)
+    assert d.base_limit == 64, d.reason  # +50 % capped at the base the derate found
+    d = step(inputs(limit=64, derate_factor=0.75, ttft=0.3, tpot=0.05, queued=5), st, FAST)
+    assert d.action is Action.HOLD and "not probing past base 64" in d.reason, d.reason
+
+
+def test_the_base_a_derate_found_is_kept_until_it_ends():
+    d = step(inputs(limit=40, derate_factor=0.75, queued=0), settled(), FAST)
+    assert d.state.derate_base == 40  # the derate began here
+    d = step(inputs(limit=20, derate_factor=0.5, queued=0), d.state, FAST)
+    assert d.state.derate_base == 40  # a deeper derate or a cut does not lower it
+    d = step(inputs(limit=20, queued=0), d.state, FAST)
+    assert d.state.derate_base is None  # over: probes are free again
 
 
 def test_derate_caps_at_floor_of_max_times_derate():
