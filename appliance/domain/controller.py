@@ -207,6 +207,14 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
             problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
     if cfg.min_samples < 1:
         problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    problems.extend(_live_problems(cfg))
+    problems.extend(_admission_problems(cfg))
+    return problems
+
+
+def _live_problems(cfg: ControllerConfig) -> list[Problem]:
+    """The numbers for judging the engine's own steps."""
+    problems = []
     if cfg.live_min_steps < 1:
         problems.append(Problem("live_min_steps", f"must be >= 1, got {cfg.live_min_steps}"))
     if not cfg.live_span_s > 0:
@@ -219,7 +227,6 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
                 f"got {cfg.live_cut_floor_ratio}",
             )
         )
-    problems.extend(_admission_problems(cfg))
     return problems
 
 
