@@ -203,19 +203,27 @@ async def _queued(admission: AdmissionQueue, n: int) -> list:
     return tasks
 
 
-async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
-    import asyncio
-
-    clock = Clock()
-    loop, admission, latency, _ = _loop(clock)
+async def _after_a_fast_probe(
+    clock: Clock, steps: StepLatencyLog | None = None
+) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, list]:
+    """A full limit of 4 with 3 queued, and the first probe: far below the 1 s SLO, +50 %
+    (4 -> 6), judged on requests admitted after start. Returns the tasks to cancel."""
+    loop, admission, latency, _ = _loop(clock, steps=steps)
     admission.open()
     tasks = await _queued(admission, 3)
-    # Far below the 1 s SLO, a queue: +50 % (4 -> 6), judged on requests admitted after start.
     for _ in range(3):
         latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
     clock.now_s += 1
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    return loop, admission, latency, tasks
+
+
+async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
+    import asyncio
+
+    clock = Clock()
+    loop, admission, latency, tasks = await _after_a_fast_probe(clock)
     # Requests that finish now were admitted before that change: a one-step probe only.
     for _ in range(3):
         latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
@@ -239,14 +247,7 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
 
     clock = Clock()
     steps = StepLatencyLog()
-    loop, admission, latency, _ = _loop(clock, steps=steps)
-    admission.open()
-    tasks = await _queued(admission, 3)
-    for _ in range(3):
-        latency.add(clock.now_s, 0.1, admitted_s=clock.now_s - 0.5)
-    clock.now_s += 1
-    d = loop.tick()
-    assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    loop, admission, latency, tasks = await _after_a_fast_probe(clock, steps)
     # The requests finishing now were admitted before the change; the engine's steps taken
     # before it are no evidence either: one step.
     for _ in range(3):
