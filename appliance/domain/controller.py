@@ -842,9 +842,10 @@ def _probe_step(t: _Tick) -> tuple[int, str | None]:
     Sized by the headroom on fresh evidence: latency is projected to grow in proportion to
     the limit, so the step takes the worst p99 to probe_below_ratio of its SLO, at most
     fast_probe_fraction of the limit. On a CPU engine a decode step's time grows a little
-    less than in proportion to the batch, so the projection errs low. Evidence from requests
-    admitted before the change, or before any change, would climb on stale news (a CPU
-    engine's TPOT lags its limit by a whole request, ~10 s) and overshoot the TPOT SLO."""
+    less than in proportion to the batch, so the projection errs on the safe side. Evidence
+    from requests admitted before the change, or before any change, would climb on stale
+    news (a CPU engine's TPOT lags its limit by a whole request, ~10 s) and overshoot the
+    TPOT SLO."""
     cfg = t.cfg
     step = cfg.increase_step
     evidence = _probe_evidence(t)
