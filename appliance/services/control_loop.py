@@ -359,7 +359,7 @@ class ControlLoop:
                 "reason": None if self.prefill is None else self.prefill.reason,
             },
             # The engine's own steps since the last change (vLLM's stat logger), as the last
-            # tick saw them: what a probe is sized on before requests finish.
+            # tick saw them: what probes are sized on and cuts judge before requests finish.
             "live": None
             if self.live is None
             else {
