@@ -792,8 +792,7 @@ def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]],
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["measured_at_unix_s"]))
     note = (
         f"static and unbounded arms of {', '.join(t.name for t in plan.traces)}: reused from "
-        f"{path.name} "
-        f"(measured {when} with `{doc.get('command')}`); only the controller ran here"
+        f"{path.name} (measured {when} with `{doc.get('command')}`); only the controller ran here"
     )
     return out, [note]
 

@@ -491,6 +491,8 @@ class _Tick:
     ttft: float | None  # the window's p99s, None unless it holds min_samples requests
     tpot: float | None
     kv: float
+    # The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
+    live_over: tuple[float, str] | None = None
 
     def finish(self, base: int, action: Action, reason: str, **updates: Any) -> ControlDecision:
         """The decision for a new base limit (updates go to the next state)."""
@@ -527,6 +529,7 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
     if state.retrying_since_tick is not None and tick - state.retrying_since_tick > retry_wait:
         state = replace(state, barrier=False, retrying_since_tick=None)
     enough = inputs.requests_in_window >= cfg.min_samples
+    limit = derated(inputs.current_limit, inputs.derate_factor)
     return _Tick(
         cfg=cfg,
         inputs=inputs,
@@ -535,10 +538,11 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         factor=inputs.derate_factor,
         upper=upper,
         base=inputs.current_limit,
-        limit=derated(inputs.current_limit, inputs.derate_factor),
+        limit=limit,
         ttft=inputs.ttft_p99_s if enough else None,
         tpot=inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None,
         kv=inputs.kv_cache_usage_ratio,
+        live_over=_live_overshoot(cfg, inputs, limit),
     )
 
 
@@ -572,21 +576,21 @@ def _breaches(t: _Tick) -> list[str]:
         causes.append(f"p99 TTFT {_fmt_s(t.ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}")
     if t.tpot is not None and cfg.slo_tpot_p99_s is not None and t.tpot > cfg.slo_tpot_p99_s:
         causes.append(f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
-    live = _live_overshoot(t)
-    if live is not None:
-        causes.append(live[1])
+    if t.live_over is not None:
+        causes.append(t.live_over[1])
     return causes
 
 
-def _live_overshoot(t: _Tick) -> tuple[float, str] | None:
+def _live_overshoot(
+    cfg: ControllerConfig, inputs: ControlInputs, limit: int
+) -> tuple[float, str] | None:
     """The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
 
     A finished request shows a breach only when it ends, ~10 s after the batch that broke
     it started on the CPU engine; the steps show it within a tick. Judged only while the
     engine runs no more than the limit in force: after a cut the requests admitted before
     it still run, and their steps say nothing of the new limit."""
-    cfg, inputs = t.cfg, t.inputs
-    if (inputs.live_steps or 0) < cfg.live_min_steps or inputs.in_flight > t.limit:
+    if (inputs.live_steps or 0) < cfg.live_min_steps or inputs.in_flight > limit:
         return None
     parts: list[tuple[float, str]] = []
     tpot = inputs.live_tpot_s
@@ -612,11 +616,10 @@ def _live_overshoot(t: _Tick) -> tuple[float, str] | None:
 def _is_mild(t: _Tick) -> bool:
     """Every p99 within mild_breach_ratio x its SLO and KV not over its mark: one step back."""
     cfg = t.cfg
-    live = _live_overshoot(t)
     worst = max(
         (t.ttft or 0.0) / cfg.slo_ttft_p99_s,
         (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
-        0.0 if live is None else live[0],
+        0.0 if t.live_over is None else t.live_over[0],
     )
     return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
 
@@ -627,10 +630,9 @@ def _cut_factor(t: _Tick) -> float:
     live_cut_floor_ratio of the limit. A box that slows by half (a throttled GPU, a noisy
     neighbour) needs half the limit; 0.75 a cut, 4 ticks apart, takes 12 s to get there."""
     cfg = t.cfg
-    live = _live_overshoot(t)
-    if live is None:
+    if t.live_over is None:
         return cfg.decrease_factor
-    sized = cfg.probe_below_ratio / live[0]
+    sized = cfg.probe_below_ratio / t.live_over[0]
     return max(cfg.live_cut_floor_ratio, min(cfg.decrease_factor, sized))
 
 

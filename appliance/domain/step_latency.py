@@ -4,7 +4,7 @@ A finished request shows the effect of a limit change on its TPOT only when it e
 request later (~10 s of 32 tokens on the CPU engine). The engine's stat logger reports every
 step's inter-token gaps and first-token times as they happen, so the steps taken since a
 change say within a tick or two how the new batch runs. The controller sizes its probes from
-these; its cuts still judge finished requests, which are what the SLO counts.
+these and cuts when they run over the SLO, before a finished request could show it.
 """
 
 from __future__ import annotations
