@@ -431,16 +431,16 @@ async def replay(
 # -- arms and the whole benchmark -------------------------------------------------------------
 
 
-START_LIMIT = 8  # the bench daemon's configured admission.concurrency_limit
-
-
 def arm_bodies(arm: str, max_limit: int) -> list[dict[str, Any]]:
     """The PUT /admin/controller calls that set an arm up: controller, unbounded or static:N.
 
-    The controller starts every run from the configured limit, not from what the arm before
-    it left in force."""
+    The controller starts every run where the shipped daemon starts: auto mode at
+    engine.max_num_seqs (admission.concurrency_limit unset), not from what the arm before it
+    left in force. An earlier protocol started it at 8, a start no shipped config has: on a
+    quiet lead-in (diurnal's night) no queue forms, so nothing moved it, and it met the
+    morning ramp throttled at 8 while the static arms sat at their limit."""
     if arm == "controller":
-        return [{"mode": "manual", "limit": START_LIMIT}, {"mode": "auto", "max": max_limit}]
+        return [{"mode": "manual", "limit": max_limit}, {"mode": "auto", "max": max_limit}]
     return [arm_body(arm, max_limit)]
 
 
@@ -680,7 +680,7 @@ def _daemon_config(plan: Plan, model_dir: Path, port: int) -> dict[str, Any]:
         "admission": {
             "realtime_reserved_share": 0,
             "retry_after_s": 1,
-            "concurrency_limit": START_LIMIT,
+            "concurrency_limit": None,  # shipped default: engine.max_num_seqs
             "max_queue_wait_s": max(0.1, plan.slo.ttft_s / 2),
         },
         "slo": {"ttft_p99_s": plan.slo.ttft_s, "tpot_p99_s": plan.slo.tpot_s or 0.5},
@@ -723,6 +723,10 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
                     log("closed-loop sweep for the chat capacity ...")
                     capacity = await measure_capacity(url, plan, token)
                 notes.append(f"chat capacity {capacity:.2f} req/s (closed loop, 16 and 32)")
+                notes.append(
+                    "controller arm: starts each run where the shipped daemon does, auto mode "
+                    f"at engine.max_num_seqs = {plan.max_limit}"
+                )
                 runs: list[TraceRun] = []
                 for trace in plan.traces:
                     log(f"trace {trace.name} ({trace.duration_s:g} s)")
