@@ -102,6 +102,9 @@ class Trace:
     name: str
     description: str
     segments: tuple[Segment, ...]
+    # What the unscored warm-up plays (warmup_schedule): "first", the first segment's load;
+    # "tail", the trace's own end, for a trace that repeats (a day follows a day).
+    lead_in: str = "first"
 
     @property
     def duration_s(self) -> float:
@@ -117,6 +120,7 @@ class Trace:
 
 
 _SEGMENT_KEYS = {f for f in Segment.__dataclass_fields__}
+LEAD_INS = ("first", "tail")
 
 
 def parse_trace(doc: Any, where: str = "trace") -> Trace:
@@ -161,7 +165,10 @@ def parse_trace(doc: Any, where: str = "trace") -> Trace:
         if not isinstance(s.slowdown_procs, int) or not 0 <= s.slowdown_procs <= 8:
             raise ValueError(f"{at}.slowdown_procs: must be a whole number in [0, 8]")
         segments.append(s)
-    return Trace(name, str(doc.get("description", "")), tuple(segments))
+    lead_in = doc.get("lead_in", "first")
+    if lead_in not in LEAD_INS:
+        raise ValueError(f"{where}.lead_in: must be one of {', '.join(LEAD_INS)}, got {lead_in!r}")
+    return Trace(name, str(doc.get("description", "")), tuple(segments), lead_in)
 
 
 def load_trace(name_or_path: str) -> Trace:
@@ -359,9 +366,22 @@ async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: 
 def warmup_schedule(trace: Trace, capacity_rps: float, seed: int, warmup_s: float) -> list[Arrival]:
     """The unscored lead-in: the first segment's load (no fault, no ramp) for warmup_s, so a
     run is scored from a daemon already serving that load, as a box in service is, and not
-    from a cold start (the controller from its configured limit, the engine idle)."""
+    from a cold start (the controller from its configured limit, the engine idle).
+
+    A trace whose lead_in is "tail" repeats (diurnal: a day follows a day): its lead-in is
+    its own last warmup_s seconds, faults and slowdowns left out. On a quiet first segment
+    no queue forms and nothing moves the controller, so a first-segment lead-in scores its
+    cold start; the end of the day before leaves it where a box in service would be."""
     if warmup_s <= 0:
         return []
+    if trace.lead_in == "tail":
+        calm = tuple(replace(s, fault=None, slowdown_procs=0) for s in trace.segments)
+        tail = [
+            replace(a, segment=-1, at_s=a.at_s - trace.duration_s + warmup_s)
+            for a in schedule(replace(trace, segments=calm), capacity_rps, seed + 7_000)
+            if a.at_s >= trace.duration_s - warmup_s
+        ]
+        return tail
     first = replace(
         trace.segments[0], duration_s=warmup_s, rate_x_end=None, fault=None, slowdown_procs=0
     )
@@ -745,6 +765,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "levels_for": {k: list(v) for k, v in plan.levels_for.items()},
             "skip_unbounded": list(plan.skip_unbounded),
             "warmup_s": plan.warmup_s,
+            "lead_in": {t.name: t.lead_in for t in plan.traces},
             "slo": asdict(plan.slo),
             "max_tokens": plan.max_tokens,
             "drain_s": plan.drain_s,
@@ -779,6 +800,10 @@ def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]],
         problems.append(f"{then.get('runs')} seeds, here {plan.runs}")
     out: dict[str, tuple[TraceRun, ...]] = {}
     for trace in plan.traces:
+        # Files from before lead-ins were named warmed up on the first segment.
+        lead_then = (then.get("lead_in") or {}).get(trace.name, "first")
+        if lead_then != trace.lead_in:
+            problems.append(f"{trace.name} lead_in {lead_then}, here {trace.lead_in}")
         fixed = []
         for r in doc.get("runs") or []:
             if r["trace"] != trace.name or r["arm"] == "controller" or r["seed"] >= plan.runs:

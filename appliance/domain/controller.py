@@ -636,9 +636,7 @@ def _is_mild(t: _Tick) -> bool:
         (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
         0.0 if t.live_over is None else t.live_over[0],
     )
-    return (
-        t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio and not _bulk_near_slo(t)
-    )
+    return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio and not _bulk_near_slo(t)
 
 
 def _bulk_near_slo(t: _Tick) -> str | None:

@@ -23,9 +23,7 @@ def _seg(**kw: object) -> dict[str, object]:
 
 def test_every_shipped_trace_loads() -> None:
     names = sorted(p.stem for p in TRACES_DIR.glob("*.json"))
-    assert {"phase_change", "diurnal", "thermal", "steady_poisson", "steady_bursty"} <= set(
-        names
-    )
+    assert {"phase_change", "diurnal", "thermal", "steady_poisson", "steady_bursty"} <= set(names)
     for name in names:
         assert load_trace(name).duration_s > 0
 
@@ -137,6 +135,29 @@ def test_the_warmup_is_the_first_segments_load_unscored() -> None:
     assert warmup_schedule(t, 2.0, 0, 0.0) == []
 
 
+def test_a_repeating_trace_warms_up_on_its_own_end() -> None:
+    from bench.goodput_trace import schedule, warmup_schedule
+
+    doc = {
+        "name": "day",
+        "lead_in": "tail",
+        "segments": [
+            _seg(duration_s=20, rate_x=0.5),
+            _seg(duration_s=40, rate_x=2.0, prompt_tokens=400, fault="hot_room"),
+        ],
+    }
+    t = parse_trace(doc)
+    lead = warmup_schedule(t, 2.0, 0, 30.0)
+    assert lead and all(a.segment == -1 and 0 <= a.at_s < 30 for a in lead)
+    # The last 30 s of the day: the 400-token segment at 4 req/s, not the quiet start.
+    assert all(a.prompt_tokens == 400 for a in lead) and 90 < len(lead) < 150
+    # The same arrivals as the trace's own end (another seed), shifted to end at 0.
+    mirror = [a for a in schedule(t, 2.0, 7_000) if a.at_s >= 30]
+    assert [round(a.at_s - 30, 9) for a in mirror] == [round(a.at_s, 9) for a in lead]
+    with pytest.raises(ValueError, match=r"day.lead_in: must be one of first, tail"):
+        parse_trace({**doc, "lead_in": "loop"}, where="day")
+
+
 def _plan(trace_doc: dict[str, object], **kw: object) -> object:
     from bench.goodput_trace import Plan
 
@@ -201,3 +222,7 @@ def test_fixed_arms_are_reused_only_from_a_run_that_matches(tmp_path) -> None:
         load_reuse(path, _plan(trace_doc, slo=GoodputSlo(2.0, 0.5)))
     with pytest.raises(SystemExit, match="another shape"):
         load_reuse(path, _plan({"name": "t", "segments": [_seg(duration_s=20)]}))
+    # A file from before lead-ins were named warmed up on the first segment: another
+    # lead-in is another measurement.
+    with pytest.raises(SystemExit, match="t lead_in first, here tail"):
+        load_reuse(path, _plan({**trace_doc, "lead_in": "tail"}))
