@@ -376,12 +376,11 @@ def warmup_schedule(trace: Trace, capacity_rps: float, seed: int, warmup_s: floa
         return []
     if trace.lead_in == "tail":
         calm = tuple(replace(s, fault=None, slowdown_procs=0) for s in trace.segments)
-        tail = [
+        return [
             replace(a, segment=-1, at_s=a.at_s - trace.duration_s + warmup_s)
             for a in schedule(replace(trace, segments=calm), capacity_rps, seed + 7_000)
             if a.at_s >= trace.duration_s - warmup_s
         ]
-        return tail
     first = replace(
         trace.segments[0], duration_s=warmup_s, rate_x_end=None, fault=None, slowdown_procs=0
     )
