@@ -5,10 +5,8 @@ AIMD with memory. Each tick, in `auto` mode:
 - Back off multiplicatively (x`decrease_factor`, at least one step) when the p99 TTFT or
   TPOT over the window breaks its SLO, or KV-cache usage is above `kv_high_ratio` (the
   engine starts to preempt there). A mild breach (every p99 at most `mild_breach_ratio` x
-  its SLO, every p50 under `probe_below_ratio` of it) steps back by one `increase_step`
-  only: a p99 over a few dozen requests is noisy, and a 25 % cut for a p99 5 % over would
-  throw throughput away and start a saw-tooth. A median near the SLO too is no tail: a
-  large share of requests miss it, and the cut is the full one.
+  its SLO) steps back by one `increase_step` only: a p99 over a few dozen requests is noisy,
+  and a 25 % cut for a p99 5 % over would throw throughput away and start a saw-tooth.
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
@@ -286,11 +284,6 @@ class ControlInputs:
     live_steps: int | None = None
     live_tpot_s: float | None = None
     live_ttft_p99_s: float | None = None
-    # The window's medians, beside its p99s: whether a breach is a tail of a few requests or
-    # the bulk of them near the SLO. None: not measured (a breach within mild_breach_ratio
-    # is then taken as a tail).
-    ttft_p50_s: float | None = None
-    tpot_p50_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -303,8 +296,6 @@ class ControlInputs:
             "fresh_tpot_p99_s",
             "live_tpot_s",
             "live_ttft_p99_s",
-            "ttft_p50_s",
-            "tpot_p50_s",
         ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -500,9 +491,6 @@ class _Tick:
     ttft: float | None  # the window's p99s, None unless it holds min_samples requests
     tpot: float | None
     kv: float
-    # The window's medians (None as the p99s, or when not measured).
-    ttft_p50: float | None = None
-    tpot_p50: float | None = None
     # The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
     live_over: tuple[float, str] | None = None
 
@@ -555,8 +543,6 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         tpot=inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None,
         kv=inputs.kv_cache_usage_ratio,
         live_over=_live_overshoot(cfg, inputs, limit),
-        ttft_p50=inputs.ttft_p50_s if enough else None,
-        tpot_p50=inputs.tpot_p50_s if enough and cfg.slo_tpot_p99_s is not None else None,
     )
 
 
@@ -628,37 +614,14 @@ def _live_overshoot(
 
 
 def _is_mild(t: _Tick) -> bool:
-    """Every p99 within mild_breach_ratio x its SLO, no median near it (`_bulk_near_slo`)
-    and KV not over its mark: one step back."""
+    """Every p99 within mild_breach_ratio x its SLO and KV not over its mark: one step back."""
     cfg = t.cfg
     worst = max(
         (t.ttft or 0.0) / cfg.slo_ttft_p99_s,
         (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
         0.0 if t.live_over is None else t.live_over[0],
     )
-    return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio and not _bulk_near_slo(t)
-
-
-def _bulk_near_slo(t: _Tick) -> str | None:
-    """A median at or over probe_below_ratio x its SLO, said as such; None when every median
-    is clear of it (or unknown).
-
-    One step back is for a p99 over the SLO by a little on a noisy tail. With the median
-    near the SLO as well, the distribution is tight around it: a large share of requests,
-    not the 1 % of a p99, miss it, and one step a cut, 4 ticks apart, keeps missing them
-    for a minute (diurnal's 1.4x ramp met at 64 on the CPU engine: p99 TPOT 571 ms, then
-    564 ms, cut 64 -> 63 -> 62 over 8 s while 72 of its 121 requests failed the SLO,
-    docs/benchmarks.md goodput_trace_start_diurnal)."""
-    cfg = t.cfg
-    out = []
-    if t.ttft_p50 is not None and t.ttft_p50 >= cfg.probe_below_ratio * cfg.slo_ttft_p99_s:
-        out.append(f"p50 TTFT {_fmt_s(t.ttft_p50)}")
-    tpot_slo = cfg.slo_tpot_p99_s
-    if t.tpot_p50 is not None and tpot_slo and t.tpot_p50 >= cfg.probe_below_ratio * tpot_slo:
-        out.append(f"p50 TPOT {_fmt_s(t.tpot_p50)}")
-    if not out:
-        return None
-    return f"{' and '.join(out)} at or over {cfg.probe_below_ratio:.0%} of the SLO: the bulk"
+    return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
 
 
 def _cut_factor(t: _Tick) -> float:
@@ -707,9 +670,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
     new_limit = derated(new_base, t.factor)
     if new_limit >= limit:
         return t.finish(t.base, Action.HOLD, f"{cause}: already at the minimum {limit}")
-    bulk = None if mild else _bulk_near_slo(t)
     how = f" (mild, within {cfg.mild_breach_ratio:g}x: one step)" if mild else ""
-    how += f" ({bulk}, not a tail)" if bulk else ""
     reason = f"{cause}{how}: {_move(limit, new_limit, t.base, new_base, t.factor)}"
     return t.finish(
         new_base,
