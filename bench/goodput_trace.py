@@ -450,16 +450,21 @@ async def replay(
 # -- arms and the whole benchmark -------------------------------------------------------------
 
 
-def arm_bodies(arm: str, max_limit: int) -> list[dict[str, Any]]:
+CONTROLLER_START = 8  # the three-phase tuning's baseline; every trace table before 2026-12-05
+
+
+def arm_bodies(arm: str, max_limit: int, start: int = CONTROLLER_START) -> list[dict[str, Any]]:
     """The PUT /admin/controller calls that set an arm up: controller, unbounded or static:N.
 
-    The controller starts every run where the shipped daemon starts: auto mode at
-    engine.max_num_seqs (admission.concurrency_limit unset), not from what the arm before it
-    left in force. An earlier protocol started it at 8, a start no shipped config has: on a
-    quiet lead-in (diurnal's night) no queue forms, so nothing moved it, and it met the
-    morning ramp throttled at 8 while the static arms sat at their limit."""
+    The controller starts every run at `start` (--controller-start), not from what the arm
+    before it left in force. The shipped daemon starts at engine.max_num_seqs
+    (admission.concurrency_limit unset): from there the controller meets the SLO from above,
+    and its one-step cuts of a mild breach hold it at the SLO's edge (docs/benchmarks.md,
+    goodput_trace_end_thermal)."""
+    if not 1 <= start <= max_limit:
+        raise ValueError(f"controller start: must be in [1, {max_limit}], got {start}")
     if arm == "controller":
-        return [{"mode": "manual", "limit": max_limit}, {"mode": "auto", "max": max_limit}]
+        return [{"mode": "manual", "limit": start}, {"mode": "auto", "max": max_limit}]
     return [arm_body(arm, max_limit)]
 
 
@@ -485,6 +490,7 @@ class Plan:
     capacity_rps: float | None = None
     skip_unbounded: tuple[str, ...] = ()  # traces that run no unbounded arm
     warmup_s: float = 0.0  # unscored lead-in of the first segment's load before each run
+    controller_start: int = CONTROLLER_START  # the limit the controller arm starts from
     levels_for: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-trace levels
     # Per trace: the static and unbounded runs of an earlier measurement, reused instead of
     # run again (those arms are manual mode, where a change to the controller runs no code).
@@ -551,7 +557,7 @@ async def run_trace_arms(
         # time constant of a minute, and a run started in its derate or PROTECT would carry
         # the last run's episode (the first thermal measurement here did exactly that).
         await wait_thermal_normal(daemon, log)
-        for body in arm_bodies(arm, plan.max_limit):
+        for body in arm_bodies(arm, plan.max_limit, plan.controller_start):
             applied, msg = await daemon.set_controller(body)
             if not applied:
                 raise RuntimeError(msg)
@@ -743,8 +749,8 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
                     capacity = await measure_capacity(url, plan, token)
                 notes.append(f"chat capacity {capacity:.2f} req/s (closed loop, 16 and 32)")
                 notes.append(
-                    "controller arm: starts each run where the shipped daemon does, auto mode "
-                    f"at engine.max_num_seqs = {plan.max_limit}"
+                    f"controller arm: auto mode from limit {plan.controller_start} each run "
+                    f"(the shipped daemon starts at engine.max_num_seqs = {plan.max_limit})"
                 )
                 runs: list[TraceRun] = []
                 for trace in plan.traces:
@@ -764,6 +770,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "levels_for": {k: list(v) for k, v in plan.levels_for.items()},
             "skip_unbounded": list(plan.skip_unbounded),
             "warmup_s": plan.warmup_s,
+            "controller_start": plan.controller_start,
             "lead_in": {t.name: t.lead_in for t in plan.traces},
             "slo": asdict(plan.slo),
             "max_tokens": plan.max_tokens,
@@ -862,6 +869,13 @@ def main(argv: list[str] | None = None) -> int:
         help="unscored lead-in at the first segment's load before each run (0: cold start)",
     )
     p.add_argument(
+        "--controller-start",
+        type=int,
+        default=CONTROLLER_START,
+        help="the limit the controller arm starts each run from (default 8, the three-phase "
+        "tuning's baseline; --max-limit is the shipped daemon's start)",
+    )
+    p.add_argument(
         "--levels-for",
         action="append",
         default=[],
@@ -902,7 +916,13 @@ def main(argv: list[str] | None = None) -> int:
         skip_unbounded=tuple(t.strip() for t in args.skip_unbounded.split(",") if t.strip()),
         levels_for=_levels_for(args.levels_for),
         warmup_s=max(0.0, args.warmup_s),
+        controller_start=args.controller_start,
     )
+    if not 1 <= plan.controller_start <= plan.max_limit:
+        raise SystemExit(
+            f"controller-start: must be in [1, {plan.max_limit}] (--max-limit), "
+            f"got {plan.controller_start}"
+        )
     reuse_notes: list[str] = []
     if args.reuse is not None:
         reuse, reuse_notes = load_reuse(args.reuse, plan)

@@ -76,10 +76,13 @@ def test_schedule_follows_rates_ramps_and_segments() -> None:
     assert sum(a.at_s < 150 for a in ramp) < sum(a.at_s >= 150 for a in ramp) / 2
 
 
-def test_the_controller_arm_starts_where_the_shipped_daemon_does() -> None:
-    # Shipped: auto mode at engine.max_num_seqs (admission.concurrency_limit unset).
+def test_the_controller_arm_starts_from_the_chosen_limit() -> None:
     bodies = arm_bodies("controller", 64)
-    assert bodies[0] == {"mode": "manual", "limit": 64} and bodies[-1]["mode"] == "auto"
+    assert bodies[0] == {"mode": "manual", "limit": 8} and bodies[-1]["mode"] == "auto"
+    # The shipped daemon's start: engine.max_num_seqs.
+    assert arm_bodies("controller", 64, 64)[0] == {"mode": "manual", "limit": 64}
+    with pytest.raises(ValueError, match=r"controller start: must be in \[1, 64\], got 65"):
+        arm_bodies("controller", 64, 65)
     assert arm_bodies("static:16", 64) == [{"mode": "manual", "limit": 16, "max": 64}]
     with pytest.raises(ValueError, match="arm"):
         arm_bodies("fastest", 64)
