@@ -450,7 +450,9 @@ async def replay(
 # -- arms and the whole benchmark -------------------------------------------------------------
 
 
-CONTROLLER_START = 8  # the three-phase tuning's baseline; every trace table before 2026-12-05
+# The three-phase tuning's baseline, and every trace table's start unless its notes say
+# otherwise.
+CONTROLLER_START = 8
 
 
 def arm_bodies(arm: str, max_limit: int, start: int = CONTROLLER_START) -> list[dict[str, Any]]:
@@ -489,7 +491,7 @@ class Plan:
     max_limit: int
     capacity_rps: float | None = None
     skip_unbounded: tuple[str, ...] = ()  # traces that run no unbounded arm
-    warmup_s: float = 0.0  # unscored lead-in of the first segment's load before each run
+    warmup_s: float = 0.0  # unscored lead-in before each run (Trace.lead_in says of what)
     controller_start: int = CONTROLLER_START  # the limit the controller arm starts from
     levels_for: dict[str, tuple[int, ...]] = field(default_factory=dict)  # per-trace levels
     # Per trace: the static and unbounded runs of an earlier measurement, reused instead of
@@ -866,7 +868,8 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-s",
         type=float,
         default=30.0,
-        help="unscored lead-in at the first segment's load before each run (0: cold start)",
+        help="unscored lead-in before each run, at the first segment's load or, for a trace "
+        'with "lead_in": "tail", its own end (0: cold start)',
     )
     p.add_argument(
         "--controller-start",
