@@ -921,11 +921,10 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=max(0.0, args.warmup_s),
         controller_start=args.controller_start,
     )
-    if not 1 <= plan.controller_start <= plan.max_limit:
-        raise SystemExit(
-            f"controller-start: must be in [1, {plan.max_limit}] (--max-limit), "
-            f"got {plan.controller_start}"
-        )
+    try:
+        arm_bodies("controller", plan.max_limit, plan.controller_start)  # before any daemon
+    except ValueError as exc:
+        raise SystemExit(f"--controller-start (--max-limit {plan.max_limit}): {exc}") from None
     reuse_notes: list[str] = []
     if args.reuse is not None:
         reuse, reuse_notes = load_reuse(args.reuse, plan)
