@@ -26,6 +26,10 @@ class StepLatency:
     itl_mean_s: float | None = None  # ~ the TPOT of the requests running in the span
     ttft_count: int = 0
     ttft_p99_s: float | None = None  # from the engine's arrival, i.e. after admission
+    # Requests that produced a token, per step: the batch these latencies were measured at.
+    # A probe projects from it, not from the limit: with a queue held back by the prefill
+    # budget, or a limit just raised, fewer run than the limit allows.
+    batch_mean: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,4 +74,5 @@ class StepLatencyLog:
             itl_mean_s=math.fsum(s.itl_sum_s for s in steps) / itl_count if itl_count else None,
             ttft_count=len(ttfts),
             ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
+            batch_mean=(itl_count + len(ttfts)) / len(steps) if steps else None,
         )

@@ -228,6 +228,7 @@ class ControlLoop:
             live_steps=None if live is None else live.steps,
             live_tpot_s=None if live is None else live.itl_mean_s,
             live_ttft_p99_s=None if live is None else live.ttft_p99_s,
+            live_batch=None if live is None else live.batch_mean,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -366,6 +367,7 @@ class ControlLoop:
                 "steps": self.live.steps,
                 "tpot_s": _round_s(self.live.itl_mean_s),
                 "ttft_p99_s": _round_s(self.live.ttft_p99_s),
+                "batch": None if self.live.batch_mean is None else round(self.live.batch_mean, 1),
             },
             "forecast": None
             if self.forecast is None

@@ -266,7 +266,7 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
     assert "of the engine's 8 steps since the last change" in d.reason
-    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1}
+    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1, "batch": 2.0}
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -17,6 +17,8 @@ def test_steps_since_a_moment_give_the_mean_gap_and_first_token_p99():
     assert (got.steps, got.itl_count, got.ttft_count) == (2, 4, 3)
     assert got.itl_mean_s == pytest.approx(0.125)
     assert got.ttft_p99_s == pytest.approx(0.696)  # interpolated between 0.5 and 0.7
+    # 7 requests produced a token over 3 steps: the batch these were measured at.
+    assert got.batch_mean == pytest.approx(7 / 3)
 
 
 def test_nothing_since_the_moment_is_an_empty_span():
