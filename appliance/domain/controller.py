@@ -372,6 +372,10 @@ class ControllerState:
     # The last cut was one step for a mild breach, at this tick, and no tick since judged the
     # SLO kept: a mild breach now means the step was too small.
     mild_cut_tick: int | None = None
+    # The last tick that saw more running than the limit in force: after a cut, until the
+    # requests admitted before it finish. Nothing is admitted then, so no prompt is
+    # prefilled: the engine's steps run fast and say nothing of the new limit under load.
+    over_limit_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -457,6 +461,8 @@ def _finish(
     derating = inputs.derate_factor < 1 - _EPS
     derate_base = (state.derate_base or inputs.current_limit) if derating else None
     nxt = replace(state, tick=tick, last_limit=limit, derate_base=derate_base, **updates)
+    if inputs.in_flight > derated(inputs.current_limit, inputs.derate_factor):
+        nxt = replace(nxt, over_limit_s=inputs.now_s)
     if changed:
         nxt = replace(nxt, last_change_tick=tick, last_change_s=inputs.now_s)
     if action in (Action.UP, Action.DOWN):

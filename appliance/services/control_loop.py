@@ -222,6 +222,11 @@ class ControlLoop:
         # live_min_steps fit in the span (slow steps: a TPOT over its SLO), back to that
         # many, as far as they take at twice the TPOT SLO.
         floor = since if since is not None else now - self.cfg.window_s
+        # Nor from before the requests admitted under the old limit finished: draining,
+        # the engine prefills nothing and its steps run fast (after a cut from 64 to 37 on
+        # thermal they read "far below the SLO", and a +50 % probe went straight back up).
+        if self.state.over_limit_s is not None:
+            floor = max(floor, self.state.over_limit_s)
         live = self.live = self._live(
             max(floor, now - self.cfg.live_span_s), max(floor, now - self._live_reach_s())
         )

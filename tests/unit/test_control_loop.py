@@ -316,3 +316,25 @@ def test_steps_slower_than_the_tpot_slo_are_judged_though_few_fit_in_the_span():
         slow.add(clock2.now_s - 1.5 * i, (1.5, 1.5, 1.5), ())
     d = loop.tick()
     assert d.action is not Action.DOWN and admission.base_limit == 4, d.reason
+
+
+def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():
+    import dataclasses
+
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, _, _ = _loop(clock, steps=steps)
+    # First tokens 3 s late (SLO 1 s), 3 s ago: inside the span, but taken while more ran
+    # than the limit (the controller saw that 2 s ago): they judge nothing.
+    for _ in range(10):
+        steps.add(clock.now_s - 3, (0.01,), (3.0,))
+    drained = dataclasses.replace(
+        loop.state, last_change_s=clock.now_s - 10, over_limit_s=clock.now_s - 2
+    )
+    loop.state = drained
+    d = loop.tick()
+    assert d.action is not Action.DOWN and admission.base_limit == 4, d.reason
+    # The same steps after the drain: a cut.
+    loop.state = dataclasses.replace(drained, over_limit_s=clock.now_s - 5)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason

@@ -872,3 +872,15 @@ def test_a_probe_is_sized_at_the_limit_not_at_the_smaller_batch_the_steps_ran_at
     assert probe(40.0).limit == 48
     with pytest.raises(ValueError, match="live_batch"):
         inputs(live_batch=float("nan"))
+
+
+def test_the_state_remembers_when_more_ran_than_the_limit():
+    # After a cut to 16 the 24 admitted before it still run: remembered, so that the loop
+    # takes the engine's steps as evidence only from after they finished.
+    d = step(inputs(limit=16, in_flight=24, now_s=500.0), settled(), FAST)
+    assert d.state.over_limit_s == 500.0
+    d = decide(FAST, inputs(limit=d.base_limit, in_flight=16, now_s=502.0), d.state)
+    assert d.state.over_limit_s == 500.0  # within the limit: the last time stays
+    # Under a derate the limit in force is the derated one: 12 of base 16 at x0.75.
+    d = step(inputs(limit=16, in_flight=14, derate_factor=0.75, now_s=9.0), settled(), FAST)
+    assert d.state.over_limit_s == 9.0
