@@ -744,6 +744,11 @@ def _probe_blocker(t: _Tick) -> str | None:
     cfg, inputs, limit, factor = t.cfg, t.inputs, t.limit, t.factor
     if inputs.protect:
         return "thermal PROTECT, not probing"
+    if inputs.in_flight > limit:
+        # The last cut is still draining: the limit holds nothing back yet, and the steps
+        # of a draining engine (no prefill) read fast; a probe on them went straight back
+        # to the level that broke (thermal from 64: 64 -> 38 -> 57 -> 63 -> 38).
+        return f"{inputs.in_flight} running over the limit {limit}: the last cut is draining"
     if factor < 1 - _EPS and t.base >= _derate_ceiling(t):
         # Probing past the base the derate found would hand back the load the thermal
         # policy just took away, and the two would fight down to the thermal floor.

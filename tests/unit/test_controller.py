@@ -121,6 +121,7 @@ def test_probe_up_when_under_slo_with_a_queue():
         ({"n": 3}, "3 request(s) in the window, 8 needed"),
         ({"ttft": None, "tpot": None}, "needed to judge the SLO"),
         ({"protect": True}, "thermal PROTECT"),
+        ({"in_flight": 12}, "12 running over the limit 8: the last cut is draining"),
     ],
 )
 def test_holds_when_a_probe_condition_fails(kw: dict, words: str):
