@@ -20,6 +20,9 @@ AIMD with memory. Each tick, in `auto` mode:
   fresh evidence, or when the headroom is under one step, a probe is +`increase_step` after
   `hold_ticks_after_increase` ticks. A multiplicative climb gives the box back within
   seconds after a load shift or on a ramp, where +1 every few ticks takes minutes.
+- While more run than the limit (a cut's requests still draining) it never probes, and the
+  engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
+  steps read fast whatever the limit.
 - Remember where the SLO broke. Probes stay below that limit for `retry_ticks`, then try
   it once (no higher until it held as long); a retry that breaks it again doubles
   the wait (up to `retry_ticks_max`; the wait never shrinks again, the knee of a box does
