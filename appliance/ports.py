@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -58,8 +59,11 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    def step_latency(self, since_s: float) -> StepLatency:
-        """The engine's steps since since_s (monotonic clock): live TPOT and TTFT."""
+    def step_latency(
+        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+    ) -> StepLatency:
+        """The engine's steps since since_s (monotonic clock): live TPOT and TTFT; back to
+        the last min_steps decode steps where fewer are since it, never before floor_s."""
 
     def num_unfinished(self) -> int: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -137,8 +138,10 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.running))
 
-    def step_latency(self, since_s: float) -> StepLatency:
-        return self.steps.since(since_s)
+    def step_latency(
+        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+    ) -> StepLatency:
+        return self.steps.since(since_s, min_steps=min_steps, floor_s=floor_s)
 
     def num_unfinished(self) -> int:
         return len(self.running)

@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import math
 import multiprocessing
 import os
 import sys
@@ -292,8 +293,10 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         return self._sink.latest
 
-    def step_latency(self, since_s: float) -> StepLatency:
-        return self._sink.steps.since(since_s)
+    def step_latency(
+        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+    ) -> StepLatency:
+        return self._sink.steps.since(since_s, min_steps=min_steps, floor_s=floor_s)
 
     def num_unfinished(self) -> int:
         return int(self._llm.get_num_unfinished_requests()) if self._llm else 0

@@ -6,7 +6,9 @@ AIMD with memory. Each tick, in `auto` mode:
   TPOT over the window breaks its SLO, or KV-cache usage is above `kv_high_ratio` (the
   engine starts to preempt there). A mild breach (every p99 at most `mild_breach_ratio` x
   its SLO) steps back by one `increase_step` only: a p99 over a few dozen requests is noisy,
-  and a 25 % cut for a p99 5 % over would throw throughput away and start a saw-tooth.
+  and a 25 % cut for a p99 5 % over would throw throughput away and start a saw-tooth. A mild
+  breach again after such a step, with no tick since that judged the SLO kept, was not noise:
+  the full cut then (a limit started high would otherwise meet the SLO one step a hold).
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
@@ -14,7 +16,8 @@ AIMD with memory. Each tick, in `auto` mode:
   SLO and the SLO it holds: that dead band is what keeps a steady load steady. A probe is
   sized by the headroom it sees on fresh evidence (requests admitted since the last change,
   or the engine's own steps since it): latency is projected to grow with the limit, so a
-  worst p99 at 60 % of its SLO allows +33 % to reach 80 %; far below the SLO (every p99
+  worst p99 at 60 % of its SLO allows +33 % to reach 80 % (projected to the limit from the
+  batch the engine's steps ran at, when fewer ran than the limit); far below the SLO (every p99
   under `fast_probe_below_ratio` of it) the step is capped at `fast_probe_fraction` of the
   limit. Such a sized probe waits `fast_probe_hold_ticks` after the last change; without
   fresh evidence, or when the headroom is under one step, a probe is +`increase_step` after
@@ -287,6 +290,9 @@ class ControlInputs:
     live_steps: int | None = None
     live_tpot_s: float | None = None
     live_ttft_p99_s: float | None = None
+    # Requests that produced a token per engine step over those steps: the batch the live
+    # latencies were measured at. None: not reported.
+    live_batch: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -299,6 +305,7 @@ class ControlInputs:
             "fresh_tpot_p99_s",
             "live_tpot_s",
             "live_ttft_p99_s",
+            "live_batch",
         ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -365,6 +372,9 @@ class ControllerState:
     retry_ticks: int | None = None  # current wait before probing at breach_base again
     retrying_since_tick: int | None = None  # a probe went to >= breach_base at this tick
     derate_base: int | None = None  # the base limit when the derate in force began
+    # The last cut was one step for a mild breach, at this tick, and no tick since judged the
+    # SLO kept: a mild breach now means the step was too small.
+    mild_cut_tick: int | None = None
     # The last tick that saw more running than the limit in force: after a cut, until the
     # requests admitted before it finish. Nothing is admitted then, so no prompt is
     # prefilled: the engine's steps run fast and say nothing of the new limit under load.
@@ -524,6 +534,9 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     causes = _breaches(t)
     if causes:
         return _back_off(t, ", ".join(causes))
+    if t.state.mild_cut_tick is not None and _judged(t):
+        # Within the SLO on evidence since a one-step cut: that step held, for now.
+        t = replace(t, state=replace(t.state, mild_cut_tick=None))
     # 3. Hold unless every condition for a probe holds.
     return _probe(t)
 
@@ -667,6 +680,30 @@ def _retry_wait_after_breach(t: _Tick) -> int:
     return retry
 
 
+def _judged(t: _Tick) -> bool:
+    """This tick had evidence to judge the SLO on: min_samples finished requests since the
+    last change, or live_min_steps engine steps while no more than the limit ran."""
+    inputs = t.inputs
+    live = (inputs.live_steps or 0) >= t.cfg.live_min_steps and inputs.in_flight <= t.limit
+    return t.ttft is not None or live
+
+
+def _mild_cut_did_not_hold(t: _Tick) -> bool:
+    """The last change was a one-step cut for a mild breach, within window_s, and the SLO is
+    over again with no tick judged within it since: the step was not noise but too small.
+    Without this a limit that starts high (the shipped start is engine.max_num_seqs) meets
+    the SLO from above one step a hold, and sits on its edge for minutes: thermal from 64
+    spent a whole run between 64 and 56 at p99 TPOT 510-588 ms against 500
+    (docs/benchmarks.md, goodput_trace_end_thermal)."""
+    state = t.state
+    return (
+        state.mild_cut_tick is not None
+        and state.mild_cut_tick == state.last_change_tick
+        and state.last_change_s is not None
+        and t.inputs.now_s - state.last_change_s <= t.cfg.window_s
+    )
+
+
 def _back_off(t: _Tick, cause: str) -> ControlDecision:
     cfg, state, tick, limit = t.cfg, t.state, t.tick, t.limit
     since_cut = None if state.last_decrease_tick is None else tick - state.last_decrease_tick
@@ -675,17 +712,23 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         reason = f"{cause}: holding {limit}, {wait} more tick(s) for the last cut to show"
         return t.finish(t.base, Action.HOLD, reason)
     mild = _is_mild(t)
+    again = mild and _mild_cut_did_not_hold(t)
+    if again:
+        mild = False
     new_base = _cut_base(t, mild)
     new_limit = derated(new_base, t.factor)
     if new_limit >= limit:
         return t.finish(t.base, Action.HOLD, f"{cause}: already at the minimum {limit}")
     how = f" (mild, within {cfg.mild_breach_ratio:g}x: one step)" if mild else ""
+    if again:
+        how = " (mild again after a one-step cut: the full cut)"
     reason = f"{cause}{how}: {_move(limit, new_limit, t.base, new_base, t.factor)}"
     return t.finish(
         new_base,
         Action.DOWN,
         reason,
         last_decrease_tick=tick,
+        mild_cut_tick=tick if mild else None,
         breach_base=t.base,
         barrier=True,
         breach_tick=tick,
@@ -852,6 +895,21 @@ def _worst_ratio(cfg: ControllerConfig, ev: _Evidence) -> float | None:
     return worst
 
 
+def _at_the_limit(t: _Tick, worst: float) -> tuple[float, str]:
+    """The evidence's worst share of its SLO projected to the limit in force, and how it was
+    projected ("" when as measured). Measured while fewer ran than the limit allows (the
+    prefill budget held the queue, or a probe's new room had not filled), latency at the
+    full limit is higher in proportion: judging the limit by it climbed the diurnal ramp by
+    +36-50 % at once on headroom measured at a smaller batch (docs/benchmarks.md,
+    goodput_trace_tail_diurnal). Never projected down from a batch above the limit (just
+    after a cut): that would only make a probe bolder."""
+    batch, steps = t.inputs.live_batch, t.inputs.live_steps or 0
+    if batch is None or steps < t.cfg.live_min_steps or not 0 < batch < t.limit:
+        return worst, ""
+    projected = worst * t.limit / batch
+    return projected, f" ({worst:.0%} with {batch:.3g} running, projected to {t.limit})"
+
+
 def _probe_step(t: _Tick) -> tuple[int, str | None]:
     """How far a probe goes, and why when further than increase_step (None: one step).
 
@@ -867,19 +925,22 @@ def _probe_step(t: _Tick) -> tuple[int, str | None]:
     evidence = _probe_evidence(t)
     if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
         return step, None
-    worst = _worst_ratio(cfg, evidence)
-    if worst is None or worst >= cfg.probe_below_ratio:
+    measured = _worst_ratio(cfg, evidence)
+    if measured is None:
+        return step, None
+    worst, at = _at_the_limit(t, measured)
+    if worst >= cfg.probe_below_ratio:
         return step, None
     if worst < cfg.fast_probe_below_ratio:
         grow = cfg.fast_probe_fraction
         why = (
-            f"every p99{evidence.source} < {cfg.fast_probe_below_ratio:.0%} of its SLO: "
+            f"every p99{evidence.source} < {cfg.fast_probe_below_ratio:.0%} of its SLO{at}: "
             f"+{grow:.0%}; "
         )
     else:
         grow = min(cfg.fast_probe_fraction, cfg.probe_below_ratio / worst - 1)
         why = (
-            f"worst p99{evidence.source} at {worst:.0%} of its SLO: "
+            f"worst p99{evidence.source} at {worst:.0%} of its SLO{at}: "
             f"+{grow:.0%} projects {cfg.probe_below_ratio:.0%}; "
         )
     sized = math.floor(t.limit * grow + _EPS)

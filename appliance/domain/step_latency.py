@@ -26,6 +26,10 @@ class StepLatency:
     itl_mean_s: float | None = None  # ~ the TPOT of the requests running in the span
     ttft_count: int = 0
     ttft_p99_s: float | None = None  # from the engine's arrival, i.e. after admission
+    # Requests that produced a token, per step: the batch these latencies were measured at.
+    # A probe projects from it, not from the limit: with a queue held back by the prefill
+    # budget, or a limit just raised, fewer run than the limit allows.
+    batch_mean: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,23 @@ class StepLatencyLog:
         while self._steps and self._steps[0].ts_s < cutoff:
             self._steps.popleft()
 
-    def since(self, since_s: float) -> StepLatency:
-        """The steps at or after since_s."""
-        steps = [s for s in tuple(self._steps) if s.ts_s >= since_s]
+    def since(
+        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+    ) -> StepLatency:
+        """The steps at or after since_s; where fewer than min_steps decode steps are, back
+        to the last min_steps of them, but never before floor_s.
+
+        A span of seconds alone is blind where it matters: a step takes about one TPOT, so
+        at a TPOT over its SLO fewer steps fit in the span than a judgement needs (8 steps
+        in 4 s is a step under 0.5 s, i.e. under the SLO). A limit that broke the SLO
+        slowly was then judged on finished requests only, a whole request (~30 s) late."""
+        steps = tuple(s for s in tuple(self._steps) if s.ts_s >= floor_s)
+        start = since_s
+        if min_steps > 0:
+            decode = [s.ts_s for s in steps if s.itl_count]
+            if decode:
+                start = min(since_s, decode[-min(min_steps, len(decode))])
+        steps = tuple(s for s in steps if s.ts_s >= start)
         itl_count = sum(s.itl_count for s in steps)
         ttfts = [t for s in steps for t in s.ttfts_s]
         return StepLatency(
@@ -70,4 +88,5 @@ class StepLatencyLog:
             itl_mean_s=math.fsum(s.itl_sum_s for s in steps) / itl_count if itl_count else None,
             ttft_count=len(ttfts),
             ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
+            batch_mean=(itl_count + len(ttfts)) / len(steps) if steps else None,
         )

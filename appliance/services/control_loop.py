@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.domain.controller import (
     ControlDecision,
@@ -27,6 +27,14 @@ from appliance.services.events import EventBus
 from appliance.services.periodic import Periodic
 
 log = logging.getLogger("appliance.controller")
+
+
+class StepLatencySource(Protocol):
+    """Engine.step_latency, or None while no engine runs (Supervisor.step_latency)."""
+
+    def __call__(
+        self, since_s: float, *, min_steps: int = ..., floor_s: float = ...
+    ) -> StepLatency | None: ...
 
 
 class ControlLoop:
@@ -49,7 +57,7 @@ class ControlLoop:
         clock: Callable[[], float] = time.monotonic,
         forecast: Callable[[], Any] | None = None,
         keep_ceiling: Callable[[int | None, str], None] | None = None,
-        step_latency: Callable[[float], StepLatency | None] | None = None,
+        step_latency: StepLatencySource | None = None,
     ) -> None:
         self._cfg = cfg
         self.mode = mode
@@ -210,14 +218,18 @@ class ControlLoop:
             admitted_since_s=since if since is not None else now - self.cfg.window_s,
         )
         # The engine's steps since the last change, and no older than live_span_s: a probe
-        # needs what ran under the limit in force, a cut what runs now. Nor from before the
-        # requests admitted under the old limit finished: draining, the engine prefills
-        # nothing and its steps run fast (after a cut from 64 to 37 on thermal they read
-        # "far below the SLO", and a +50 % probe went straight back up).
+        # needs what ran under the limit in force, a cut what runs now. Where fewer than
+        # live_min_steps fit in the span (slow steps: a TPOT over its SLO), back to that
+        # many, as far as they take at twice the TPOT SLO.
         floor = since if since is not None else now - self.cfg.window_s
+        # Nor from before the requests admitted under the old limit finished: draining,
+        # the engine prefills nothing and its steps run fast (after a cut from 64 to 37 on
+        # thermal they read "far below the SLO", and a +50 % probe went straight back up).
         if self.state.over_limit_s is not None:
             floor = max(floor, self.state.over_limit_s)
-        live = self.live = self._live(max(floor, now - self.cfg.live_span_s))
+        live = self.live = self._live(
+            max(floor, now - self.cfg.live_span_s), max(floor, now - self._live_reach_s())
+        )
         snap = self._admission.snapshot()
         inputs = ControlInputs(
             now_s=now,
@@ -231,6 +243,7 @@ class ControlLoop:
             live_steps=None if live is None else live.steps,
             live_tpot_s=None if live is None else live.itl_mean_s,
             live_ttft_p99_s=None if live is None else live.ttft_p99_s,
+            live_batch=None if live is None else live.batch_mean,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -266,11 +279,21 @@ class ControlLoop:
                 self._record(entry["ts_s"], d.limit, d.reason)
         return d
 
-    def _live(self, since_s: float) -> StepLatency | None:
-        """The engine's steps since since_s; None when no engine reports them."""
+    def _live_reach_s(self) -> float:
+        """How far back the live steps may go to find live_min_steps of them: as long as
+        they take at twice the TPOT SLO (a breach up to 2x is seen within it; past 2x a cut
+        is already as deep as it goes), and never less than live_span_s."""
+        cfg = self.cfg
+        if cfg.slo_tpot_p99_s is None:
+            return cfg.live_span_s
+        return max(cfg.live_span_s, 2 * cfg.live_min_steps * cfg.slo_tpot_p99_s)
+
+    def _live(self, since_s: float, floor_s: float) -> StepLatency | None:
+        """The engine's steps since since_s, back to live_min_steps of them but not before
+        floor_s; None when no engine reports them."""
         if self._step_latency is None:
             return None
-        return self._step_latency(since_s)
+        return self._step_latency(since_s, min_steps=self.cfg.live_min_steps, floor_s=floor_s)
 
     def _steer_prefill(self, now_s: float) -> None:
         """The prefill budget for this tick; an event when it switches or moves by > 25 %."""
@@ -369,6 +392,7 @@ class ControlLoop:
                 "steps": self.live.steps,
                 "tpot_s": _round_s(self.live.itl_mean_s),
                 "ttft_p99_s": _round_s(self.live.ttft_p99_s),
+                "batch": None if self.live.batch_mean is None else round(self.live.batch_mean, 1),
             },
             "forecast": None
             if self.forecast is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from enum import StrEnum
 
@@ -69,12 +70,15 @@ class EngineSupervisor:
             raise EngineDead("no engine is running")
         return self._engine
 
-    def step_latency(self, since_s: float) -> StepLatency | None:
-        """The running engine's steps since since_s; None while there is no engine."""
+    def step_latency(
+        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+    ) -> StepLatency | None:
+        """The running engine's steps since since_s (Engine.step_latency); None while there
+        is no engine."""
         if self._engine is None:
             return None
         try:
-            return self._engine.step_latency(since_s)
+            return self._engine.step_latency(since_s, min_steps=min_steps, floor_s=floor_s)
         except Exception:  # an engine going down mid-call is the same as none
             return None
 

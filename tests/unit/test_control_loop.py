@@ -21,14 +21,17 @@ class Clock:
 
 
 def _loop(
-    clock: Clock, forecast=None, steps: StepLatencyLog | None = None
+    clock: Clock,
+    forecast=None,
+    steps: StepLatencyLog | None = None,
+    slo_tpot_p99_s: float | None = None,
 ) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, EventBus]:
     admission = AdmissionQueue(AdmissionConfig(concurrency_limit=4), clock=clock)
     latency = LatencyWindow(window_s=60)
     events = EventBus()
     cfg = ControllerConfig(
         slo_ttft_p99_s=1.0,
-        slo_tpot_p99_s=None,
+        slo_tpot_p99_s=slo_tpot_p99_s,
         min_limit=1,
         max_limit=8,
         min_samples=2,
@@ -266,7 +269,7 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
     assert "of the engine's 8 steps since the last change" in d.reason
-    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1}
+    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1, "batch": 2.0}
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -290,6 +293,29 @@ def test_a_cut_on_the_engines_steps_sees_only_the_last_seconds():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
     assert "the engine's last 10 steps: p99 TTFT 3 s > SLO 1 s" in d.reason
+
+
+def test_steps_slower_than_the_tpot_slo_are_judged_though_few_fit_in_the_span():
+    # A step takes about one TPOT: at 0.7 s (SLO 0.5 s) only 5 steps fit in the 4 s span,
+    # fewer than the 8 a judgement needs. The loop reaches back to the last 8 (5.6 s), as
+    # far as 8 steps take at twice the SLO (8 s), and cuts before any request finished.
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    for i in reversed(range(15)):
+        steps.add(clock.now_s - 0.7 * i, (0.7, 0.7, 0.7), ())
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
+    assert "the engine's last 8 steps: TPOT 700 ms > SLO 500 ms" in d.reason
+    # Steps of 1.5 s (3x the SLO): 8 of them take 12 s, past the reach; no judgement on
+    # steps that old (the finished requests show a breach that large soon enough).
+    clock2 = Clock()
+    slow = StepLatencyLog()
+    loop, admission, _, _ = _loop(clock2, steps=slow, slo_tpot_p99_s=0.5)
+    for i in reversed(range(15)):
+        slow.add(clock2.now_s - 1.5 * i, (1.5, 1.5, 1.5), ())
+    d = loop.tick()
+    assert d.action is not Action.DOWN and admission.base_limit == 4, d.reason
 
 
 def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():

@@ -816,6 +816,65 @@ def test_live_cut_settings_are_checked():
         ControllerConfig(live_cut_floor_ratio=0.9)
 
 
+# -- a one-step cut that did not hold; probes projected to the limit ----------------------
+
+
+def _run(cfg: ControllerConfig, state: ControllerState, ticks: list[dict]) -> list[ControlDecision]:
+    """Tick through `ticks` (inputs() keywords, limit and now_s filled in), 2 s apart."""
+    out, base = [], None
+    for i, kw in enumerate(ticks):
+        limit = base if base is not None else kw.pop("limit")
+        d = decide(cfg, inputs(limit=limit, now_s=200.0 + 2 * i, **kw), state)
+        state, base = d.state, d.base_limit
+        out.append(d)
+    return out
+
+
+def test_a_mild_breach_still_there_after_its_one_step_cut_gets_the_full_cut():
+    mild = {"ttft": 0.5, "tpot": 0.22}  # 1.1x the TPOT SLO
+    st = settled(last_change_s=0.0)
+    out = _run(FAST, st, [{"limit": 32, **mild}] + [dict(mild) for _ in range(4)])
+    assert [d.limit for d in out] == [31, 31, 31, 31, 23], [d.reason for d in out]
+    assert "mild again after a one-step cut: the full cut" in out[-1].reason
+    assert out[-1].state.mild_cut_tick is None  # a full cut starts the count afresh
+
+
+def test_a_one_step_cut_that_held_a_while_keeps_the_next_mild_breach_to_one_step():
+    mild = {"ttft": 0.5, "tpot": 0.22}
+    inside = {"ttft": 0.5, "tpot": 0.15}  # judged within the SLO (75 %), in the dead band
+    st = settled(last_change_s=0.0)
+    out = _run(FAST, st, [{"limit": 32, **mild}, dict(inside), dict(mild), dict(mild), dict(mild)])
+    assert [d.limit for d in out] == [31, 31, 31, 31, 30], [d.reason for d in out]
+    # No evidence to judge (too few requests since the cut) is no sign the step held.
+    blind = {"ttft": 0.5, "tpot": 0.22, "n": 3}
+    out = _run(FAST, st, [{"limit": 32, **mild}, blind, dict(mild), dict(mild), dict(mild)])
+    assert out[-1].limit == 23, [d.reason for d in out]
+    # A mild breach longer than window_s after the one-step cut is a new episode: one step.
+    late = [{"limit": 32, **mild}] + [{"ttft": 0.5, "tpot": 0.22, "n": 3} for _ in range(15)]
+    out = _run(FAST, st, [*late, dict(mild)])
+    assert out[-1].limit == 30, out[-1].reason
+
+
+def test_a_probe_is_sized_at_the_limit_not_at_the_smaller_batch_the_steps_ran_at():
+    def probe(batch: float | None) -> ControlDecision:
+        live = {**_live(20, 0.1, 0.3), "live_batch": batch}  # TPOT at 50 % of its SLO
+        return step(inputs(limit=32, ttft=0.5, tpot=0.05, **live), settled(), FAST)
+
+    # Measured with all 32 running: +50 % (capped) is the headroom.
+    assert probe(32.0).limit == 48
+    assert probe(None).limit == 48  # no batch reported: as measured
+    # Measured with 24 running: 67 % projected at 32, +20 % reaches 80 %.
+    d = probe(24.0)
+    assert d.limit == 38, d.reason
+    assert "(50% with 24 running, projected to 32)" in d.reason
+    # With 16 running it projects 100 % at 32: no sized probe, one step.
+    assert probe(16.0).limit == 33
+    # More running than the limit (just after a cut) is never projected down.
+    assert probe(40.0).limit == 48
+    with pytest.raises(ValueError, match="live_batch"):
+        inputs(live_batch=float("nan"))
+
+
 def test_the_state_remembers_when_more_ran_than_the_limit():
     # After a cut to 16 the 24 admitted before it still run: remembered, so that the loop
     # takes the engine's steps as evidence only from after they finished.

@@ -17,6 +17,8 @@ def test_steps_since_a_moment_give_the_mean_gap_and_first_token_p99():
     assert (got.steps, got.itl_count, got.ttft_count) == (2, 4, 3)
     assert got.itl_mean_s == pytest.approx(0.125)
     assert got.ttft_p99_s == pytest.approx(0.696)  # interpolated between 0.5 and 0.7
+    # 7 requests produced a token over 3 steps: the batch these were measured at.
+    assert got.batch_mean == pytest.approx(7 / 3)
 
 
 def test_nothing_since_the_moment_is_an_empty_span():
@@ -40,3 +42,16 @@ def test_bad_log_settings_name_the_field():
         StepLatencyLog(max_age_s=0)
     with pytest.raises(ValueError, match="max_steps"):
         StepLatencyLog(max_steps=0)
+
+
+def test_too_few_steps_since_the_moment_reach_back_to_min_steps_but_not_past_the_floor():
+    log = StepLatencyLog()
+    for i in range(10):
+        log.add(float(i), (0.5,), ())  # one decode step a second, 0..9
+    log.add(9.5, (), (0.2,))  # a prefill-only step: not a decode step to count
+    assert log.since(7.0).steps == 3
+    got = log.since(7.0, min_steps=5)
+    assert got.steps == 5 and got.ttft_count == 1  # steps 5..9, and the prefill at 9.5
+    assert log.since(7.0, min_steps=5, floor_s=6.0).steps == 4  # never before the floor
+    assert log.since(7.0, min_steps=2).steps == 3  # enough since the moment: as before
+    assert log.since(0.0, min_steps=50).steps == 10  # all there are
