@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.config import AdmissionConfig
-from appliance.domain.controller import Action, ControllerConfig, ControlMode
+from appliance.domain.controller import Action, ControlDecision, ControllerConfig, ControlMode
 from appliance.domain.lanes import Lane
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.step_latency import StepLatencyLog
@@ -295,27 +295,27 @@ def test_a_cut_on_the_engines_steps_sees_only_the_last_seconds():
     assert "the engine's last 10 steps: p99 TTFT 3 s > SLO 1 s" in d.reason
 
 
-def test_steps_slower_than_the_tpot_slo_are_judged_though_few_fit_in_the_span():
-    # A step takes about one TPOT: at 0.7 s (SLO 0.5 s) only 5 steps fit in the 4 s span,
-    # fewer than the 8 a judgement needs. The loop reaches back to the last 8 (5.6 s), as
-    # far as 8 steps take at twice the SLO (8 s), and cuts before any request finished.
+def _tick_on_steps_of(step_s: float) -> tuple[ControlDecision, int]:
+    """One tick over 15 engine steps of step_s each (3 requests a step, TPOT SLO 0.5 s)."""
     clock = Clock()
     steps = StepLatencyLog()
     loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
     for i in reversed(range(15)):
-        steps.add(clock.now_s - 0.7 * i, (0.7, 0.7, 0.7), ())
-    d = loop.tick()
-    assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
+        steps.add(clock.now_s - step_s * i, (step_s,) * 3, ())
+    return loop.tick(), admission.base_limit
+
+
+def test_steps_slower_than_the_tpot_slo_are_judged_though_few_fit_in_the_span():
+    # A step takes about one TPOT: at 0.7 s (SLO 0.5 s) only 5 steps fit in the 4 s span,
+    # fewer than the 8 a judgement needs. The loop reaches back to the last 8 (5.6 s), as
+    # far as 8 steps take at twice the SLO (8 s), and cuts before any request finished.
+    d, base = _tick_on_steps_of(0.7)
+    assert (d.action, base) == (Action.DOWN, 2), d.reason
     assert "the engine's last 8 steps: TPOT 700 ms > SLO 500 ms" in d.reason
     # Steps of 1.5 s (3x the SLO): 8 of them take 12 s, past the reach; no judgement on
     # steps that old (the finished requests show a breach that large soon enough).
-    clock2 = Clock()
-    slow = StepLatencyLog()
-    loop, admission, _, _ = _loop(clock2, steps=slow, slo_tpot_p99_s=0.5)
-    for i in reversed(range(15)):
-        slow.add(clock2.now_s - 1.5 * i, (1.5, 1.5, 1.5), ())
-    d = loop.tick()
-    assert d.action is not Action.DOWN and admission.base_limit == 4, d.reason
+    d, base = _tick_on_steps_of(1.5)
+    assert d.action is not Action.DOWN and base == 4, d.reason
 
 
 def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():
