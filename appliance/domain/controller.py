@@ -612,7 +612,7 @@ def _live_overshoot(
     it started on the CPU engine; the steps show it within a tick. Judged only while the
     engine runs no more than the limit in force: after a cut the requests admitted before
     it still run, and their steps say nothing of the new limit."""
-    if (inputs.live_steps or 0) < cfg.live_min_steps or inputs.in_flight > limit:
+    if not _steps_judge(cfg, inputs, limit):
         return None
     parts: list[tuple[float, str]] = []
     tpot = inputs.live_tpot_s
@@ -680,12 +680,16 @@ def _retry_wait_after_breach(t: _Tick) -> int:
     return retry
 
 
+def _steps_judge(cfg: ControllerConfig, inputs: ControlInputs, limit: int) -> bool:
+    """The engine's steps can judge the limit: live_min_steps of them, and no more running
+    than the limit (after a cut, the requests admitted before it say nothing of it)."""
+    return (inputs.live_steps or 0) >= cfg.live_min_steps and inputs.in_flight <= limit
+
+
 def _judged(t: _Tick) -> bool:
     """This tick had evidence to judge the SLO on: min_samples finished requests since the
-    last change, or live_min_steps engine steps while no more than the limit ran."""
-    inputs = t.inputs
-    live = (inputs.live_steps or 0) >= t.cfg.live_min_steps and inputs.in_flight <= t.limit
-    return t.ttft is not None or live
+    last change, or the engine's steps (_steps_judge)."""
+    return t.ttft is not None or _steps_judge(t.cfg, t.inputs, t.limit)
 
 
 def _mild_cut_did_not_hold(t: _Tick) -> bool:
