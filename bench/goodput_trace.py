@@ -453,6 +453,10 @@ async def replay(
 # The three-phase tuning's baseline, and every trace table's start unless its notes say
 # otherwise.
 CONTROLLER_START = 8
+# A reused static arm is checked by running its best limit's seed 0 again: the same seed on
+# an unchanged box lands within ~3 % (static 32's three seeds spanned 4.10-4.14 on thermal),
+# while this 2-vCPU VM's speed was seen to move a fifth between sessions (4.73 -> 4.11).
+REUSE_TOLERANCE = 0.05
 
 
 def arm_bodies(arm: str, max_limit: int, start: int = CONTROLLER_START) -> list[dict[str, Any]]:
@@ -480,6 +484,10 @@ def arm_body(arm: str, max_limit: int) -> dict[str, Any]:
     raise ValueError(f"arm: controller, unbounded or static:N, got {arm!r}")
 
 
+class ReuseRefused(SystemExit):
+    """The reused static arms' check run moved past the tolerance: they no longer compare."""
+
+
 @dataclass
 class Plan:
     traces: tuple[Trace, ...]
@@ -497,6 +505,7 @@ class Plan:
     # Per trace: the static and unbounded runs of an earlier measurement, reused instead of
     # run again (those arms are manual mode, where a change to the controller runs no code).
     reuse: dict[str, tuple[TraceRun, ...]] = field(default_factory=dict)
+    reuse_tolerance: float = REUSE_TOLERANCE  # how far the check run may move (a fraction)
 
 
 COOL_C = 65.0  # the simulated GPU under this load settles near 71 °C; idle near 31 °C
@@ -549,11 +558,14 @@ async def run_trace_arms(
     capacity: float,
     calib: Calibration,
     log: Any = print,
+    notes: list[str] | None = None,
 ) -> list[TraceRun]:
-    """The static sweep (seed 0), then every seed of controller, unbounded and the best."""
+    """The static sweep (seed 0), then every seed of controller, unbounded and the best; or,
+    with reused fixed arms, a check run of the reused oracle and then the controller."""
+    notes = [] if notes is None else notes
     runs: list[TraceRun] = []
 
-    async def one(arm: str, seed: int) -> TraceRun:
+    async def one(arm: str, seed: int, *, scored: bool = True) -> TraceRun:
         await daemon.wait_idle()
         # A run after a hot-room episode must not start hot: the simulated GPU cools with a
         # time constant of a minute, and a run started in its derate or PROTECT would carry
@@ -584,20 +596,29 @@ async def run_trace_arms(
             f"({run.good}/{run.sent} good, {run.rejected} 429, {run.failed} failed; per phase "
             + ", ".join(f"{p.good}/{p.sent}" for p in run.phases)
             + ")"
+            + ("" if scored else " [reuse check, not scored]")
         )
-        runs.append(run)
+        if scored:
+            runs.append(run)
         return run
 
     reused = plan.reuse.get(trace.name)
     if reused:
+        # Reused arms compare only on the box that ran them: run the oracle's seed 0 again
+        # first, and refuse before any controller run when it moved.
+        then = best_static_seed0(reused)
+        ok, note = reuse_drift(then, await one(then.arm, 0, scored=False), plan.reuse_tolerance)
+        log("  " + note)
+        if not ok:
+            raise ReuseRefused(note)
+        notes.append(note)
         log(f"  {trace.name}: static and unbounded arms reused ({len(reused)} runs)")
         runs += reused
         for seed in range(plan.runs):
             await one("controller", seed)
         return runs
     levels = plan.levels_for.get(trace.name, plan.levels)
-    sweep = [await one(f"static:{n}", 0) for n in levels]
-    best = max(sweep, key=lambda r: (r.goodput_rps, -int(r.arm.split(":")[1])))
+    best = best_static_seed0([await one(f"static:{n}", 0) for n in levels])
     for seed in range(plan.runs):
         await one("controller", seed)
         if trace.name not in plan.skip_unbounded:
@@ -605,6 +626,27 @@ async def run_trace_arms(
         if seed > 0:
             await one(best.arm, seed)
     return runs
+
+
+def best_static_seed0(runs: Sequence[TraceRun]) -> TraceRun:
+    """The oracle's static run: best goodput on seed 0, the smaller limit on a tie."""
+    sweep = [r for r in runs if r.arm.startswith("static:") and r.seed == 0]
+    return max(sweep, key=lambda r: (r.goodput_rps, -int(r.arm.split(":")[1])))
+
+
+def reuse_drift(then: TraceRun, here: TraceRun, tolerance: float) -> tuple[bool, str]:
+    """Whether a reused arm still stands, and the note that says why: the same arm and seed
+    run again here must land within tolerance (a fraction) of its goodput then."""
+    if then.goodput_rps <= 0:
+        moved = math.inf if here.goodput_rps > 0 else 0.0
+    else:
+        moved = here.goodput_rps / then.goodput_rps - 1
+    ok = abs(moved) <= tolerance
+    return ok, (
+        f"reuse check, {here.trace}: {here.arm} seed {here.seed} ran again here at "
+        f"{here.goodput_rps:.2f} req/s, against {then.goodput_rps:.2f} then ({moved:+.0%}; "
+        f"allowed ±{tolerance:.0%})" + ("" if ok else ": the box moved, the reused arms refused")
+    )
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
@@ -624,7 +666,7 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
         static_seed0 = {
             r.arm: r.goodput_rps for r in mine if r.arm.startswith("static:") and r.seed == 0
         }
-        best_arm = max(static_seed0, key=lambda a: (static_seed0[a], -int(a.split(":")[1])))
+        best_arm = best_static_seed0(mine).arm
         row: dict[str, Any] = {
             "trace": name,
             "best_static": best_arm,
@@ -758,7 +800,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
                 for trace in plan.traces:
                     log(f"trace {trace.name} ({trace.duration_s:g} s)")
                     runs += await run_trace_arms(
-                        session, target, daemon, trace, plan, capacity, calib, log
+                        session, target, daemon, trace, plan, capacity, calib, log, notes
                     )
         finally:
             if server is not None:
@@ -893,7 +935,14 @@ def main(argv: list[str] | None = None) -> int:
         "--reuse",
         type=Path,
         help="an earlier --json-out: its static and unbounded runs of these traces stand, "
-        "only the controller runs (for a change that touches auto mode alone)",
+        "only the controller runs (for a change that touches auto mode alone); the best "
+        "static limit's seed 0 runs again first, and a move past --reuse-tolerance refuses",
+    )
+    p.add_argument(
+        "--reuse-tolerance",
+        type=float,
+        default=REUSE_TOLERANCE,
+        help=f"how far (a fraction) the --reuse check run may move (default {REUSE_TOLERANCE})",
     )
     args = p.parse_args(argv)
     try:
@@ -920,7 +969,10 @@ def main(argv: list[str] | None = None) -> int:
         levels_for=_levels_for(args.levels_for),
         warmup_s=max(0.0, args.warmup_s),
         controller_start=args.controller_start,
+        reuse_tolerance=args.reuse_tolerance,
     )
+    if not 0 < plan.reuse_tolerance < 1:
+        raise SystemExit(f"reuse-tolerance: a fraction in (0, 1), got {plan.reuse_tolerance}")
     try:
         arm_bodies("controller", plan.max_limit, plan.controller_start)  # before any daemon
     except ValueError as exc:

@@ -467,7 +467,7 @@ async def test_goodput_without_the_controller_endpoint_skips_arms(
     assert "| bursty | 1.5x | - | - |" in md
 
 
-async def test_trace_bench_runs_every_arm_over_a_trace(app: App):
+async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path):
     """bench/goodput_trace.py against the app: the static sweep, then controller, unbounded
     and the best static for each seed, over a two-segment trace with a fault episode."""
     from bench import goodput_trace as gt
@@ -517,3 +517,33 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App):
     async with app.admin() as admin:
         status = await goodput.Daemon(admin).status()
     assert status is not None and status["telemetry"]["faults"] == []
+
+    # Reused: the oracle's seed 0 runs again first, unscored, then only the controller.
+    import dataclasses
+    import json
+
+    then = tmp_path / "then.json"
+    then.write_text(json.dumps(doc))
+    one_seed = dataclasses.replace(plan, runs=1, reuse_tolerance=0.9)
+    reuse, _ = gt.load_reuse(then, one_seed)
+    seen: list[str] = []
+    plan_again = dataclasses.replace(one_seed, reuse=reuse)
+    again = await gt.run(plan_again, app.url, app.token, seen.append)
+    assert [(r["arm"], r["seed"]) for r in again["runs"]] == [
+        ("static:1", 0),
+        ("static:4", 0),
+        ("unbounded", 0),
+        ("controller", 0),
+    ]
+    assert any(f"reuse check, tiny: {best} seed 0 ran again here" in n for n in again["notes"])
+    assert any("[reuse check, not scored]" in m for m in seen)
+    # The box moved (here: the file says ten times the goodput): refused before the controller.
+    for r in doc["runs"]:
+        if r["arm"] == best and r["seed"] == 0:
+            r["goodput_rps"] = 10 * r["goodput_rps"] + 1
+    then.write_text(json.dumps(doc))
+    reuse, _ = gt.load_reuse(then, one_seed)
+    seen.clear()
+    with pytest.raises(gt.ReuseRefused, match="the box moved"):
+        await gt.run(dataclasses.replace(one_seed, reuse=reuse), app.url, app.token, seen.append)
+    assert not any("controller" in m for m in seen)

@@ -229,3 +229,33 @@ def test_fixed_arms_are_reused_only_from_a_run_that_matches(tmp_path) -> None:
     # lead-in is another measurement.
     with pytest.raises(SystemExit, match="t lead_in first, here tail"):
         load_reuse(path, _plan({**trace_doc, "lead_in": "tail"}))
+
+
+def test_a_reused_arm_stands_only_while_its_check_run_lands_where_it_did() -> None:
+    from bench.goodput_trace import best_static_seed0, reuse_drift
+
+    reused = [_run("static:16", 0, 4.0), _run("static:32", 0, 4.73), _run("static:32", 1, 4.5)]
+    then = best_static_seed0(reused)
+    assert (then.arm, then.seed) == ("static:32", 0)
+    # Within the tolerance, either way: it stands, and the note gives both figures.
+    for here in (4.60, 4.90):
+        ok, note = reuse_drift(then, _run("static:32", 0, here), 0.05)
+        assert ok, note
+        assert "static:32 seed 0" in note and f"{here:.2f}" in note and "4.73" in note
+    # The box a fifth slower (what issue 15's reused thermal arm hid): refused, by how much.
+    ok, note = reuse_drift(then, _run("static:32", 0, 4.11), 0.05)
+    assert not ok
+    assert "-13%" in note and "refused" in note
+    ok, _ = reuse_drift(then, _run("static:32", 0, 5.0), 0.05)
+    assert not ok
+    # A reused zero stands only against a zero.
+    zero = _run("static:32", 0, 0.0)
+    assert reuse_drift(zero, zero, 0.05)[0]
+    assert not reuse_drift(zero, _run("static:32", 0, 0.5), 0.05)[0]
+
+
+def test_the_oracle_is_the_best_seed_zero_and_the_smaller_limit_on_a_tie() -> None:
+    from bench.goodput_trace import best_static_seed0
+
+    runs = [_run("static:64", 0, 3.0), _run("static:16", 0, 3.0), _run("static:16", 1, 9.0)]
+    assert best_static_seed0(runs).arm == "static:16"
