@@ -885,3 +885,71 @@ def test_the_state_remembers_when_more_ran_than_the_limit():
     # Under a derate the limit in force is the derated one: 12 of base 16 at x0.75.
     d = step(inputs(limit=16, in_flight=14, derate_factor=0.75, now_s=9.0), settled(), FAST)
     assert d.state.over_limit_s == 9.0
+
+
+# -- the breaking point belongs to the box it broke on -------------------------------------
+
+
+def _steps_at(batch: float, tpot: float) -> dict[str, object]:
+    return {**_live(20, tpot, 0.3), "live_batch": batch}
+
+
+def test_a_breach_remembers_the_engines_step_time_per_running_request():
+    # Hot room: 30 running at 0.28 s a step, over the 0.2 s TPOT SLO: 9.3 ms per request.
+    d = step(inputs(limit=30, **_steps_at(30, 0.28)), settled(), FAST)
+    assert d.action is Action.DOWN and d.state.breach_base == 30
+    assert d.state.breach_step_s_per_seq == pytest.approx(0.28 / 30)
+    # A breach the steps cannot judge (no steps reported) remembers no speed.
+    d = step(inputs(limit=30, ttft=3.0), settled(), FAST)
+    assert d.state.breach_base == 30 and d.state.breach_step_s_per_seq is None
+
+
+def test_a_faster_box_lets_the_breaking_point_go():
+    # Broke at 30 on a box slowed by half (9.3 ms a request a step); the cool box after it
+    # steps 29 requests at 0.1 s, 3.4 ms each (37 %): the memory was of another box.
+    hot = settled(
+        breach_base=30,
+        barrier=True,
+        breach_tick=95,
+        retry_ticks=60,
+        breach_step_s_per_seq=0.28 / 30,
+    )
+    d = step(inputs(limit=29, ttft=0.5, tpot=0.05, **_steps_at(29, 0.1)), hot, FAST)
+    assert d.action is Action.UP and d.limit > 30, d.reason
+    assert "the breaking point 30 let go" in d.reason and "37% of the 9.33 ms" in d.reason
+    assert not d.state.barrier and d.state.retry_ticks is None
+    # The same box a little faster than when it broke (noise: 75 %, 20 running) keeps it.
+    same = _steps_at(20, 0.75 * 20 * 0.28 / 30)
+    d = step(inputs(limit=29, ttft=0.5, tpot=0.05, **same), hot, FAST)
+    assert d.action is Action.HOLD and "staying below 30 where the SLO broke" in d.reason
+    assert d.state.barrier and "let go" not in d.reason
+    # No steps, or steps that cannot judge the limit (a cut still draining), say nothing.
+    d = step(inputs(limit=29, ttft=0.5, tpot=0.05), hot, FAST)
+    assert d.state.barrier, d.reason
+    d = step(inputs(limit=29, in_flight=35, ttft=0.5, **_steps_at(35, 0.1)), hot, FAST)
+    assert d.state.barrier, d.reason
+    # A memory from before the step time was kept (no speed on record) stays as it was.
+    d = step(
+        inputs(limit=29, ttft=0.5, tpot=0.05, **_steps_at(29, 0.1)),
+        replace(hot, breach_step_s_per_seq=None),
+        FAST,
+    )
+    assert d.state.barrier, d.reason
+
+
+def test_a_steady_box_below_its_breaking_point_never_reads_as_faster():
+    # Step time a + b x batch: the fixed part shared by fewer after a cut costs each request
+    # more, so the memory of a steady box stays through its cut.
+    def step_s(batch: float) -> float:
+        return 0.06 + 0.0045 * batch
+
+    d = step(inputs(limit=32, **_steps_at(32, step_s(32))), settled(), FAST)
+    assert d.action is Action.DOWN, d.reason
+    after = replace(d.state, tick=d.state.tick + 10)
+    batch = float(d.limit)
+    d = step(
+        inputs(limit=d.limit, ttft=0.5, tpot=0.05, **_steps_at(batch, step_s(batch))), after, FAST
+    )
+    assert d.state.barrier and "let go" not in d.reason, d.reason
+    with pytest.raises(InvariantError, match="faster_box_ratio"):
+        ControllerConfig(faster_box_ratio=1.0)
