@@ -31,9 +31,7 @@ AIMD with memory. Each tick, in `auto` mode:
   the wait (up to `retry_ticks_max`; the wait never shrinks again, the knee of a box does
   not move by itself). Plain AIMD saw-tooths around the breaking point
   forever; with this memory a noisy steady load settles one step below it and revisits it
-  ever more rarely. The memory is of one box under one load: it keeps the engine's step
-  time per running request when it broke, and goes when the steps run at
-  `faster_box_ratio` of that or less (a throttle over, a document phase over).
+  ever more rarely.
 - The limit lives within [min_limit, max_limit] and below the knee from the last benchmark.
 - A forecast from the load predictor (pending requests expected shortly, more than the
   limit) counts as a queue for probing: the limit rises ahead of a burst while latency has
@@ -121,13 +119,6 @@ class ControllerConfig:
     # to bring them to probe_below_ratio x the SLO, in proportion to the limit, but cuts at
     # most to this share of the limit and at least to decrease_factor of it.
     live_cut_floor_ratio: float = 0.5
-    # A remembered breaking point belongs to the box and the load it broke on: the memory
-    # keeps the engine's step time per running request then. Steps since at most this share
-    # of it mean another box (a throttle or a noisy neighbour gone) or another load (the
-    # long prompts over): the memory goes. Below the breaking point a steady box's steps cost
-    # more per request, not less (the step's fixed part is shared by fewer), so a cut never
-    # reads as a faster box; per-step noise on the CPU engine is ~10-20 %.
-    faster_box_ratio: float = 0.6
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
@@ -234,10 +225,6 @@ def _live_problems(cfg: ControllerConfig) -> list[Problem]:
         problems.append(Problem("live_min_steps", f"must be >= 1, got {cfg.live_min_steps}"))
     if not cfg.live_span_s > 0:
         problems.append(Problem("live_span_s", f"must be > 0, got {cfg.live_span_s}"))
-    if not 0 < cfg.faster_box_ratio < 1:
-        problems.append(
-            Problem("faster_box_ratio", f"must be in (0, 1), got {cfg.faster_box_ratio}")
-        )
     if not 0 < cfg.live_cut_floor_ratio <= cfg.decrease_factor:
         problems.append(
             Problem(
@@ -384,9 +371,6 @@ class ControllerState:
     breach_tick: int | None = None
     retry_ticks: int | None = None  # current wait before probing at breach_base again
     retrying_since_tick: int | None = None  # a probe went to >= breach_base at this tick
-    # The engine's step time per running request when it broke (None: its steps could not
-    # judge then): the box's speed under that load, to tell when the memory is of another.
-    breach_step_s_per_seq: float | None = None
     derate_base: int | None = None  # the base limit when the derate in force began
     # The last cut was one step for a mild breach, at this tick, and no tick since judged the
     # SLO kept: a mild breach now means the step was too small.
@@ -528,13 +512,9 @@ class _Tick:
     kv: float
     # The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
     live_over: tuple[float, str] | None = None
-    # Said with whatever this tick decides: a remembered breaking point it let go, and why.
-    forgot: str | None = None
 
     def finish(self, base: int, action: Action, reason: str, **updates: Any) -> ControlDecision:
         """The decision for a new base limit (updates go to the next state)."""
-        if self.forgot is not None:
-            reason = f"{reason}; {self.forgot}"
         return _finish(
             self.cfg, self.inputs, self.state, self.tick, base, action, reason, **updates
         )
@@ -570,9 +550,8 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
     retry_wait = state.retry_ticks or cfg.retry_ticks
     if state.retrying_since_tick is not None and tick - state.retrying_since_tick > retry_wait:
         state = replace(state, barrier=False, retrying_since_tick=None)
-    limit = derated(inputs.current_limit, inputs.derate_factor)
-    state, forgot = _forget_a_slower_box(cfg, inputs, state, limit)
     enough = inputs.requests_in_window >= cfg.min_samples
+    limit = derated(inputs.current_limit, inputs.derate_factor)
     return _Tick(
         cfg=cfg,
         inputs=inputs,
@@ -586,45 +565,7 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         tpot=inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None,
         kv=inputs.kv_cache_usage_ratio,
         live_over=_live_overshoot(cfg, inputs, limit),
-        forgot=forgot,
     )
-
-
-def _step_s_per_seq(cfg: ControllerConfig, inputs: ControlInputs, limit: int) -> float | None:
-    """The engine's step time per running request over its steps since the last change
-    (their mean inter-token gap over the batch they ran); None unless they judge the limit."""
-    if not _steps_judge(cfg, inputs, limit) or inputs.live_tpot_s is None:
-        return None
-    if not inputs.live_batch:
-        return None
-    return inputs.live_tpot_s / inputs.live_batch
-
-
-def _forget_a_slower_box(
-    cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState, limit: int
-) -> tuple[ControllerState, str | None]:
-    """Let a remembered breaking point go once the engine's steps run at most
-    faster_box_ratio of their cost per request when it broke: it was the knee of a slower
-    box or a heavier load. Thermal's hot room broke 30 on a box slowed by half; kept for its
-    60 s wait, the memory held the cool box that followed at 29, where 64 serves more
-    (docs/benchmarks.md, goodput_trace_drain_thermal_8 seed 0)."""
-    then = state.breach_step_s_per_seq
-    now = _step_s_per_seq(cfg, inputs, limit)
-    if not state.barrier or then is None or now is None or now > cfg.faster_box_ratio * then:
-        return state, None
-    why = (
-        f"the breaking point {state.breach_base} let go: the engine's steps take "
-        f"{_fmt_s(now)} per running request, {now / then:.0%} of the {_fmt_s(then)} when it "
-        f"broke (another box or load)"
-    )
-    state = replace(
-        state,
-        barrier=False,
-        retrying_since_tick=None,
-        retry_ticks=None,
-        breach_step_s_per_seq=None,
-    )
-    return state, why
 
 
 def _clamp(t: _Tick) -> ControlDecision | None:
@@ -797,7 +738,6 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         breach_tick=tick,
         retry_ticks=_retry_wait_after_breach(t),
         retrying_since_tick=None,
-        breach_step_s_per_seq=_step_s_per_seq(cfg, t.inputs, limit),
     )
 
 
