@@ -31,7 +31,10 @@ AIMD with memory. Each tick, in `auto` mode:
   the wait (up to `retry_ticks_max`; the wait never shrinks again, the knee of a box does
   not move by itself). Plain AIMD saw-tooths around the breaking point
   forever; with this memory a noisy steady load settles one step below it and revisits it
-  ever more rarely.
+  ever more rarely. Sized probes stop at the base the last cut landed on until that wait
+  is over; above it the climb is one step a hold (TCP's slow-start threshold): a
+  multiplicative climb from under the breaking point went straight back past it, and
+  every running request missed its TPOT with it.
 - The limit lives within [min_limit, max_limit] and below the knee from the last benchmark.
 - A forecast from the load predictor (pending requests expected shortly, more than the
   limit) counts as a queue for probing: the limit rises ahead of a burst while latency has
@@ -371,6 +374,9 @@ class ControllerState:
     breach_tick: int | None = None
     retry_ticks: int | None = None  # current wait before probing at breach_base again
     retrying_since_tick: int | None = None  # a probe went to >= breach_base at this tick
+    # The base the last cut landed on: sized probes stop there while the breach's wait runs
+    # (the slow-start threshold); above it, one step a hold.
+    cut_landed_base: int | None = None
     derate_base: int | None = None  # the base limit when the derate in force began
     # The last cut was one step for a mild breach, at this tick, and no tick since judged the
     # SLO kept: a mild breach now means the step was too small.
@@ -738,6 +744,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         breach_tick=tick,
         retry_ticks=_retry_wait_after_breach(t),
         retrying_since_tick=None,
+        cut_landed_base=new_base,
     )
 
 
@@ -914,8 +921,21 @@ def _at_the_limit(t: _Tick, worst: float) -> tuple[float, str]:
     return projected, f" ({worst:.0%} with {batch:.3g} running, projected to {t.limit})"
 
 
-def _probe_step(t: _Tick) -> tuple[int, str | None]:
-    """How far a probe goes, and why when further than increase_step (None: one step).
+def _fast_ceiling(t: _Tick) -> tuple[int, int] | None:
+    """(the effective limit sized probes stop at, ticks until they may pass it) while a
+    breach's wait runs: where the last cut landed. None when no wait runs."""
+    state = t.state
+    if not state.barrier or state.breach_tick is None or state.cut_landed_base is None:
+        return None
+    left = (state.retry_ticks or t.cfg.retry_ticks) - (t.tick - state.breach_tick)
+    if left <= 0:
+        return None
+    return derated(state.cut_landed_base, t.factor), left
+
+
+def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
+    """How far a probe goes, why (None: one step, nothing to say), and whether it is sized
+    (a sized probe waits fast_probe_hold_ticks, one step hold_ticks_after_increase).
 
     Sized by the headroom on fresh evidence: latency is projected to grow in proportion to
     the limit, so the step takes the worst p99 to probe_below_ratio of its SLO, at most
@@ -923,18 +943,25 @@ def _probe_step(t: _Tick) -> tuple[int, str | None]:
     less than in proportion to the batch, so the projection errs on the safe side. Evidence
     from requests admitted before the change, or before any change, would climb on stale
     news (a CPU engine's TPOT lags its limit by a whole request, ~10 s) and overshoot the
-    TPOT SLO."""
+    TPOT SLO.
+
+    While a breach's wait runs, a sized probe stops where the last cut landed (_fast_ceiling).
+    On thermal with this box at 3.9 req/s (docs/benchmarks.md, goodput_trace_ship_thermal)
+    the steps broke the TPOT SLO at 60 and again at 37 (cut to 21); two sized probes on
+    steps at 38-55 % of the SLO took 21 -> 28 -> 36 within 6 s, under the barrier at 36, and
+    the steps went to 630 ms: the knee of that box was near 30, and every request running
+    then missed its TPOT."""
     cfg = t.cfg
     step = cfg.increase_step
     evidence = _probe_evidence(t)
     if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
-        return step, None
+        return step, None, False
     measured = _worst_ratio(cfg, evidence)
     if measured is None:
-        return step, None
+        return step, None, False
     worst, at = _at_the_limit(t, measured)
     if worst >= cfg.probe_below_ratio:
-        return step, None
+        return step, None, False
     if worst < cfg.fast_probe_below_ratio:
         grow = cfg.fast_probe_fraction
         why = (
@@ -948,9 +975,18 @@ def _probe_step(t: _Tick) -> tuple[int, str | None]:
             f"+{grow:.0%} projects {cfg.probe_below_ratio:.0%}; "
         )
     sized = math.floor(t.limit * grow + _EPS)
+    ceiling = _fast_ceiling(t)
+    if ceiling is not None and t.limit + sized > ceiling[0]:
+        sized = ceiling[0] - t.limit
+        why += (
+            f"stopped at {ceiling[0]}, where the last cut landed (one step a hold past it for "
+            f"{ceiling[1]} more tick(s)); "
+        )
+        if sized <= step:
+            return step, why, False
     if sized > step:
-        return sized, why
-    return step, None
+        return sized, why, True
+    return step, None, False
 
 
 def _probe(t: _Tick) -> ControlDecision:
@@ -958,8 +994,8 @@ def _probe(t: _Tick) -> ControlDecision:
     blocker = _probe_blocker(t)
     if blocker is not None:
         return t.hold(blocker)
-    step, sized = _probe_step(t)
-    blocker = _hold_blocker(t, sized is not None)
+    step, sized, fast = _probe_step(t)
+    blocker = _hold_blocker(t, fast)
     if blocker is not None:
         return t.hold(blocker)
     wanted = min(t.upper, base_for(limit + step, factor))

@@ -885,3 +885,31 @@ def test_the_state_remembers_when_more_ran_than_the_limit():
     # Under a derate the limit in force is the derated one: 12 of base 16 at x0.75.
     d = step(inputs(limit=16, in_flight=14, derate_factor=0.75, now_s=9.0), settled(), FAST)
     assert d.state.over_limit_s == 9.0
+
+
+# -- after a breach, sized probes stop where the cut landed ----------------------------------
+
+
+def test_after_a_breach_a_sized_probe_stops_where_the_cut_landed_and_steps_past_it():
+    # Broke at 59 (the engine's steps at 691 ms against 500): sized cut to 34.
+    cfg = replace(FAST, slo_ttft_p99_s=5.0, slo_tpot_p99_s=0.5)
+    d = decide(cfg, inputs(limit=59, ttft=1.5, tpot=0.3, **_live(8, 0.691, 1.0)), settled())
+    assert (d.action, d.limit) == (Action.DOWN, 34), d.reason
+    assert d.state.cut_landed_base == 34 and d.state.breach_base == 59
+    later = replace(d.state, tick=d.state.tick + 5)
+    # Every p99 far below the SLO at 34: +50 % would be 51, straight back past the knee.
+    calm = {"ttft": 1.0, "tpot": 0.1, **_live(20, 0.1, 1.0)}
+    d = decide(cfg, inputs(limit=34, **calm), later)
+    assert (d.action, d.limit) == (Action.UP, 35), d.reason
+    assert "one step a hold past it for 24 more tick(s)" in d.reason
+    # Under it the climb is sized, and stops at it: 24 + 50 % = 36 -> 34.
+    d = decide(cfg, inputs(limit=24, **calm), later)
+    assert (d.action, d.limit) == (Action.UP, 34), d.reason
+    assert "stopped at 34, where the last cut landed" in d.reason
+    # Far under it the ceiling does not bind: 16 + 50 % = 24.
+    d = decide(cfg, inputs(limit=16, **calm), later)
+    assert d.limit == 24 and "where the last cut landed" not in d.reason, d.reason
+    # Once the breach's wait is over, sized probes go on (the barrier's retry takes over).
+    done = replace(d.state, tick=later.tick + 40, last_change_tick=later.tick + 30)
+    d = decide(cfg, inputs(limit=34, **calm), done)
+    assert d.limit == 51 and "where the last cut landed" not in d.reason, d.reason
