@@ -787,9 +787,16 @@ def test_a_live_cut_never_goes_below_half_the_limit_nor_cuts_less_than_a_plain_o
     # 1.3x would size 0.62x; a plain cut is 0.75x; the deeper one wins.
     d = step(inputs(limit=32, **_live(20, 0.26, 0.3)), settled(), FAST)
     assert d.limit == 19, d.reason
-    # A mild overshoot (within 1.25x) is one step, as on finished requests.
+    # A mean TPOT over the SLO is never mild, however little over: the typical running
+    # request misses. 1.1x sizes 0.73x: 23.
     d = step(inputs(limit=32, **_live(20, 0.22, 0.3)), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 23), d.reason
+    assert "(a mean, not a tail: the full cut)" in d.reason
+    # The steps' first-token p99 a little over its SLO is a tail: one step, as on finished
+    # requests (1.7 s of 1.5 s).
+    d = step(inputs(limit=32, **_live(20, 0.05, 1.7)), settled(), FAST)
     assert (d.action, d.limit) == (Action.DOWN, 31), d.reason
+    assert "(mild, within 1.25x: one step)" in d.reason
     # The engine's first tokens over the TTFT SLO count the same way: 3 s of 1.5 s, half.
     d = step(inputs(limit=32, **_live(20, 0.05, 3.0)), settled(), FAST)
     assert d.limit == 16 and "p99 TTFT 3 s > SLO 1.5 s" in d.reason, d.reason
