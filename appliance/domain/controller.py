@@ -969,11 +969,10 @@ def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
     TPOT SLO.
 
     While a breach's wait runs, a sized probe stops where the last cut landed (_fast_ceiling).
-    On thermal with this box at 3.9 req/s (docs/benchmarks.md, goodput_trace_ship_thermal)
-    the steps broke the TPOT SLO at 60 and again at 37 (cut to 21); two sized probes on
-    steps at 38-55 % of the SLO took 21 -> 28 -> 36 (one under the breach at 37) in 6 s, and
-    the steps went to 630 ms: the knee of that box was near 30, and every request running
-    then missed its TPOT."""
+    On thermal with the box at 4 req/s (docs/benchmarks.md, goodput_trace_ship_thermal,
+    seed 0) the steps broke the TPOT SLO at 60 and again at 37 (cut to 21); two sized probes
+    on steps at 38-55 % of the SLO took it 21 -> 28 -> 36 (one under the breach at 37) in
+    6 s, and it broke again at 36 (630 ms): each climb went back to where the last broke."""
     cfg = t.cfg
     step = cfg.increase_step
     evidence = _probe_evidence(t)
