@@ -453,9 +453,12 @@ async def replay(
 # The three-phase tuning's baseline, and every trace table's start unless its notes say
 # otherwise.
 CONTROLLER_START = 8
-# A reused static arm is checked by running its best limit's seed 0 again: the same seed on
-# an unchanged box lands within ~3 % (static 32's three seeds spanned 4.10-4.14 on thermal),
-# while this 2-vCPU VM's speed was seen to move a fifth between sessions (4.73 -> 4.11).
+# A reused static arm is checked by running its best limit's seed 0 again. On diurnal static
+# 32's seeds spanned 2.13-2.31 in one invocation; this 2-vCPU VM's speed moved a fifth between
+# sessions (thermal static 32: 4.73 -> 4.11), and its chat capacity from 5.68 to 4.0 req/s a
+# day later. Thermal's hot phase (CPU burners) moves one run by up to 15 % (static 32:
+# 2.11-2.88 in one invocation): a check there refuses more often, and should, since such arms
+# do not compare across invocations.
 REUSE_TOLERANCE = 0.05
 
 

@@ -35,8 +35,8 @@ AIMD with memory. Each tick, in `auto` mode:
   forever; with this memory a noisy steady load settles one step below it and revisits it
   ever more rarely. Sized probes stop at the base the last cut landed on until that wait
   is over; above it the climb is one step a hold (TCP's slow-start threshold): a
-  multiplicative climb from under the breaking point went straight back past it, and
-  every running request missed its TPOT with it.
+  multiplicative climb from under the breaking point went straight back to it, and every
+  request running then missed its TPOT.
 - The limit lives within [min_limit, max_limit] and below the knee from the last benchmark.
 - A forecast from the load predictor (pending requests expected shortly, more than the
   limit) counts as a queue for probing: the limit rises ahead of a burst while latency has
