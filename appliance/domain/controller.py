@@ -624,7 +624,8 @@ def _live_overshoot(
         return None
     parts: list[tuple[float, str]] = []
     tpot = inputs.live_tpot_s
-    if tpot is not None and cfg.slo_tpot_p99_s is not None and tpot > cfg.slo_tpot_p99_s:
+    if _tpot_over(cfg, tpot):
+        assert tpot is not None and cfg.slo_tpot_p99_s is not None
         parts.append(
             (tpot / cfg.slo_tpot_p99_s, f"TPOT {_fmt_s(tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
         )
@@ -643,15 +644,14 @@ def _live_overshoot(
     return worst, f"the engine's last {inputs.live_steps} steps: {what}"
 
 
+def _tpot_over(cfg: ControllerConfig, tpot_s: float | None) -> bool:
+    """A TPOT over its SLO (False when either is not there)."""
+    return tpot_s is not None and cfg.slo_tpot_p99_s is not None and tpot_s > cfg.slo_tpot_p99_s
+
+
 def _steps_mean_over(t: _Tick) -> bool:
-    """The engine's steps since the last change have a mean TPOT over the SLO."""
-    cfg, tpot = t.cfg, t.inputs.live_tpot_s
-    return (
-        t.live_over is not None
-        and tpot is not None
-        and cfg.slo_tpot_p99_s is not None
-        and tpot > cfg.slo_tpot_p99_s
-    )
+    """The engine's steps, judged this tick, have a mean TPOT over the SLO."""
+    return t.live_over is not None and _tpot_over(t.cfg, t.inputs.live_tpot_s)
 
 
 def _is_mild(t: _Tick) -> bool:
@@ -698,7 +698,7 @@ def _cut_base(t: _Tick, mild: bool) -> int:
 
 def _retry_wait_after_breach(t: _Tick) -> int:
     """The wait before probing the breaking point again, doubled when it broke again."""
-    retry = t.state.retry_ticks or t.cfg.retry_ticks
+    retry = _breach_wait(t)
     if t.state.breach_base is not None and t.base >= t.state.breach_base:
         # The old breaking point (or above) broke again, on a retry or after one that
         # seemed to hold: wait longer before the next try. A lower level breaking means
@@ -837,7 +837,7 @@ def _respect_breach(t: _Tick, new_base: int) -> tuple[int, int | None, str | Non
         return new_base, retrying_since, None
     assert state.breach_tick is not None
     waited = tick - state.breach_tick
-    retry = state.retry_ticks or t.cfg.retry_ticks
+    retry = _breach_wait(t)
     if retrying_since is not None:
         # A retry is on: stay at the old breaking point until it has held a while.
         capped = min(new_base, state.breach_base)
@@ -944,13 +944,18 @@ def _at_the_limit(t: _Tick, worst: float) -> tuple[float, str]:
     return projected, f" ({worst:.0%} with {batch:.3g} running, projected to {t.limit})"
 
 
+def _breach_wait(t: _Tick) -> int:
+    """Ticks to wait after a breach before probing its level again (the current retry wait)."""
+    return t.state.retry_ticks or t.cfg.retry_ticks
+
+
 def _fast_ceiling(t: _Tick) -> tuple[int, int] | None:
     """(the effective limit sized probes stop at, ticks until they may pass it) while a
     breach's wait runs: where the last cut landed. None when no wait runs."""
     state = t.state
     if not state.barrier or state.breach_tick is None or state.cut_landed_base is None:
         return None
-    left = (state.retry_ticks or t.cfg.retry_ticks) - (t.tick - state.breach_tick)
+    left = _breach_wait(t) - (t.tick - state.breach_tick)
     if left <= 0:
         return None
     return derated(state.cut_landed_base, t.factor), left
