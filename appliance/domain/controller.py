@@ -49,7 +49,9 @@ lowers the operating point at once: effective <= floor(max_limit x derate). Whil
 it probes only to win back its own cuts, never above the base it had when the derate
 began: a slower hot box breaks the SLO at its old batch, the controller cuts, and without
 this it would sit at that cut until the derate ends (a dwell of minutes) however much the
-load eased. In `manual` mode the base is the operator's limit.
+load eased. A derate that begins within `window_s` of SLO cuts takes them over (a GPU slows
+as it heats, before the policy trips): its ceiling is the highest base cut from, and those
+cuts' breaking point is let go. In `manual` mode the base is the operator's limit.
 """
 
 from __future__ import annotations
@@ -380,6 +382,9 @@ class ControllerState:
     # (the slow-start threshold); above it, one step a hold.
     cut_landed_base: int | None = None
     derate_base: int | None = None  # the base limit when the derate in force began
+    # The SLO cuts of the last window_s: (when, the base cut from). A derate that begins
+    # within window_s of a cut takes over that cut's job (_derate_began).
+    recent_cuts: tuple[tuple[float, int], ...] = ()
     # The last cut was one step for a mild breach, at this tick, and no tick since judged the
     # SLO kept: a mild breach now means the step was too small.
     mild_cut_tick: int | None = None
@@ -471,7 +476,14 @@ def _finish(
     # The base a derate found stays the ceiling for probes until the derate ends.
     derating = inputs.derate_factor < 1 - _EPS
     derate_base = (state.derate_base or inputs.current_limit) if derating else None
-    nxt = replace(state, tick=tick, last_limit=limit, derate_base=derate_base, **updates)
+    took_over: dict[str, Any] = {}
+    if derating and state.derate_base is None and inputs.mode is ControlMode.AUTO:
+        derate_base, took_over, note = _derate_began(cfg, inputs, state)
+        if note:
+            reason += f"; {note}"
+    nxt = replace(
+        state, tick=tick, last_limit=limit, derate_base=derate_base, **took_over, **updates
+    )
     if inputs.in_flight > derated(inputs.current_limit, inputs.derate_factor):
         nxt = replace(nxt, over_limit_s=inputs.now_s)
     if changed:
@@ -480,6 +492,35 @@ def _finish(
         flipped = state.last_direction is not None and state.last_direction is not action
         nxt = replace(nxt, last_direction=action, reversals=state.reversals + (1 if flipped else 0))
     return ControlDecision(limit, base, changed, action, reason, nxt)
+
+
+def _derate_began(
+    cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState
+) -> tuple[int, dict[str, Any], str]:
+    """A derate begins: (the base probes may win back to while it lasts, the breach memory to
+    let go, why).
+
+    The ceiling is the base in force, or the highest base an SLO cut came from within
+    window_s before: a GPU slows as it heats (boost clocks fall before the thermal policy
+    trips at 85 °C), so the SLO cuts just before a derate were the same heat, and the derate
+    now does their job. Counting both cut the load twice, and the second for as long as the
+    derate lasts: on thermal the steps broke the SLO at 27 as the room heated, the cut
+    landed on 17, and the derate found 17; after the hot room the box was fast again but
+    ran 12-16 (17 x the derate) for the rest of the trace, where static 32 ran 24-30
+    (docs/benchmarks.md, goodput_trace_wave_thermal, seed 0). Those cuts' breaking point
+    and slow-start threshold go too: they were measured on the heating box. The SLO
+    feedback stays in charge under the derate, and a breach there is remembered anew."""
+    base = inputs.current_limit
+    recent = [b for ts, b in state.recent_cuts if inputs.now_s - ts <= cfg.window_s]
+    if not recent or max(recent) <= base:
+        return base, {}, ""
+    ceiling = min(cfg.max_limit, max(recent))
+    memory = {"barrier": False, "cut_landed_base": None, "mild_cut_tick": None}
+    note = (
+        f"the SLO cut from {ceiling} in the last {cfg.window_s:g} s was the same heat: "
+        f"probes may win back up to base {ceiling} under the derate"
+    )
+    return ceiling, memory, note
 
 
 def _manual(
@@ -768,6 +809,10 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         retry_ticks=_retry_wait_after_breach(t),
         retrying_since_tick=None,
         cut_landed_base=new_base,
+        recent_cuts=(
+            *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < cfg.window_s),
+            (t.inputs.now_s, t.base),
+        ),
     )
 
 

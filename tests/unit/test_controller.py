@@ -271,6 +271,40 @@ def test_the_base_a_derate_found_is_kept_until_it_ends():
     assert d.state.derate_base is None  # over: probes are free again
 
 
+def test_a_derate_that_begins_just_after_slo_cuts_takes_them_over():
+    # The box slowed as it heated: the steps broke the SLO at 27 and the cut landed on 20.
+    cut = step(inputs(limit=27, tpot=0.5, now_s=95.0), settled(), FAST)
+    assert (cut.action, cut.base_limit) == (Action.DOWN, 20), cut.reason
+    # 20 s later the core reaches 85 °C: the derate does that cut's job now.
+    d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
+    assert (d.action, d.limit, d.base_limit) == (Action.DERATE, 15, 20), d.reason
+    assert d.state.derate_base == 27
+    assert (d.state.barrier, d.state.cut_landed_base) == (False, None)
+    assert "the SLO cut from 27 in the last 30 s was the same heat" in d.reason
+    # Fast again (the hot room is over, the core still warm): probes win back up to 27.
+    later = replace(d.state, last_change_tick=d.state.tick - 5)
+    d = step(
+        inputs(limit=20, derate_factor=0.75, ttft=0.3, tpot=0.05, queued=5, now_s=130.0),
+        later,
+        FAST,
+    )
+    assert (d.action, d.base_limit, d.limit) == (Action.UP, 27, 20), d.reason
+
+
+def test_a_derate_long_after_a_cut_keeps_the_base_it_found_and_the_breach():
+    cut = step(inputs(limit=27, tpot=0.5, now_s=60.0), settled(), FAST)
+    d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
+    assert d.state.derate_base == 20 and d.state.barrier, d.reason
+    assert "same heat" not in d.reason
+    # Nor in manual mode, where the operator's limit is the base.
+    d = step(
+        inputs(limit=20, derate_factor=0.75, mode="manual", manual_limit=20, now_s=70.0),
+        cut.state,
+        FAST,
+    )
+    assert "same heat" not in d.reason and d.state.barrier
+
+
 def test_derate_caps_at_floor_of_max_times_derate():
     d = step(inputs(limit=64, derate_factor=0.3), settled())
     assert d.limit == 19 == int(64 * 0.3) and d.action is Action.HOLD
