@@ -300,9 +300,6 @@ class ControlInputs:
     # Requests that produced a token per engine step over those steps: the batch the live
     # latencies were measured at. None: not reported.
     live_batch: float | None = None
-    # The window's TPOT p50 (None under min_samples): with its p99, the tail's shape that a
-    # mean from the engine's steps lacks.
-    tpot_p50_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -316,7 +313,6 @@ class ControlInputs:
             "live_tpot_s",
             "live_ttft_p99_s",
             "live_batch",
-            "tpot_p50_s",
         ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -951,12 +947,7 @@ def _probe_evidence(t: _Tick) -> _Evidence | None:
         # since the change): a step without a new request says nothing of prefill.
         ttft = inputs.live_ttft_p99_s if inputs.live_ttft_p99_s is not None else t.ttft
         tpot = inputs.live_tpot_s if guarded else None
-        source = f" of the engine's {steps} steps since the last change"
-        tail = _tpot_tail(t)
-        if tpot is not None and tail > 1 + _EPS:
-            tpot *= tail
-            source += f" (TPOT x{tail:.2f}, the window's p99 over p50)"
-        found.append(_Evidence(ttft, tpot, source))
+        found.append(_Evidence(ttft, tpot, f" of the engine's {steps} steps since the last change"))
     if not found:
         return None
     if len(found) == 1:
@@ -971,21 +962,6 @@ def _probe_evidence(t: _Tick) -> _Evidence | None:
         worse(a.tpot_s, b.tpot_s),
         a.source + " and" + b.source.removeprefix(" of"),
     )
-
-
-def _tpot_tail(t: _Tick) -> float:
-    """The window's TPOT p99 over its p50 (at least 1; 1 where either is not there).
-
-    The engine's steps give the TPOT a typical request sees; the SLO is on the p99. Finished
-    requests show how far the tail runs above the typical one at this load (requests that
-    decode through more prefill waves than others), so a probe sized on the steps projects
-    the tail, not the typical request: sized on the typical one, thermal climbed 40 -> 60 on
-    steps at 49 % of the SLO, and at 60 the p99 was 503-566 ms against 500 for 26 s
-    (docs/benchmarks.md, goodput_trace_wave_thermal, seed 1)."""
-    p50, p99 = t.inputs.tpot_p50_s, t.tpot
-    if p50 is None or p99 is None or p50 <= 0:
-        return 1.0
-    return max(1.0, p99 / p50)
 
 
 def _worst_ratio(cfg: ControllerConfig, ev: _Evidence) -> float | None:

@@ -236,7 +236,6 @@ class ControlLoop:
             current_limit=snap.base_limit,
             ttft_p99_s=stats.ttft_p99_s,
             tpot_p99_s=stats.tpot_p99_s,
-            tpot_p50_s=stats.tpot_p50_s,
             requests_in_window=stats.count,
             fresh_requests=fresh.count,
             fresh_ttft_p99_s=fresh.ttft_p99_s,

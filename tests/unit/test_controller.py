@@ -762,22 +762,6 @@ def test_the_engines_steps_since_a_change_stand_in_for_finished_requests():
     assert d.limit == 17, d.reason
 
 
-def test_a_probe_on_the_engines_steps_projects_the_tail_the_window_shows():
-    # The steps' TPOT (a typical request's) is at 50 % of the SLO: +50 % on it alone.
-    d = step(inputs(limit=32, ttft=0.5, tpot=0.12, **_live(20, 0.1, 0.4)), settled(), FAST)
-    assert d.base_limit == 48, d.reason
-    # The window's p99 runs 1.5x its p50 at this load: the tail is at 75 %, +6 %: 32 -> 34.
-    d = step(
-        inputs(limit=32, ttft=0.5, tpot=0.12, tpot_p50_s=0.08, **_live(20, 0.1, 0.4)),
-        settled(),
-        FAST,
-    )
-    assert d.base_limit == 34, d.reason
-    assert "(TPOT x1.50, the window's p99 over p50)" in d.reason
-    with pytest.raises(ValueError, match="tpot_p50_s"):
-        inputs(tpot_p50_s=-1.0)
-
-
 def test_live_and_finished_evidence_together_are_judged_by_the_worse():
     ok = {"fresh_requests": 12, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.05}
     # Finished requests look far below (25 %), the steps taken now show 70 %: +14 %.
