@@ -5,21 +5,11 @@ request later (~10 s of 32 tokens on the CPU engine). The engine's stat logger r
 step's inter-token gaps and first-token times as they happen, so the steps taken since a
 change say within a tick or two how the new batch runs. The controller sizes its probes from
 these and cuts when they run over the SLO, before a finished request could show it.
-
-A request's TPOT is the mean of the gaps over its whole decode, not over the few steps a tick
-sees. On the CPU engine a step that prefills a wave of new prompts takes 1-3 s where a decode
-step takes 0.15-0.3 s: eight steps with one such wave in them read 0.5-0.7 s, over a 0.5 s
-SLO, while the requests through them saw 0.25-0.35 s. So the span's TPOT (`tpot_s`) is what
-a request would see over its decode: the mean gap of the last steps, as many as a request
-decodes (its gaps, read from the log: decode gaps per first token), and where fewer steps are
-there, the missing ones at the span's median step (a slowdown moves the median with it; a
-wave does not).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,22 +23,13 @@ class StepLatency:
 
     steps: int = 0  # steps that produced at least one decode token
     itl_count: int = 0  # inter-token gaps (one per running request per step)
-    itl_mean_s: float | None = None  # the mean gap over the span's steps, as measured
+    itl_mean_s: float | None = None  # ~ the TPOT of the requests running in the span
     ttft_count: int = 0
     ttft_p99_s: float | None = None  # from the engine's arrival, i.e. after admission
     # Requests that produced a token, per step: the batch these latencies were measured at.
     # A probe projects from it, not from the limit: with a queue held back by the prefill
     # budget, or a limit just raised, fewer run than the limit allows.
     batch_mean: float | None = None
-    # The TPOT of a request whose decode ran through these steps: their mean gap over as
-    # many steps as a request decodes (decode_gaps), the missing ones at the median step.
-    tpot_s: float | None = None
-    # Decode gaps per request, from the log (gaps over first tokens); None: too few requests.
-    decode_gaps: float | None = None
-
-
-# Fewer first tokens than this in the log: no request length (the span's mean stands).
-MIN_REQUESTS_FOR_LENGTH = 8
 
 
 @dataclass(frozen=True)
@@ -91,50 +72,21 @@ class StepLatencyLog:
         A span of seconds alone is blind where it matters: a step takes about one TPOT, so
         at a TPOT over its SLO fewer steps fit in the span than a judgement needs (8 steps
         in 4 s is a step under 0.5 s, i.e. under the SLO). A limit that broke the SLO
-        slowly was then judged on finished requests only, a whole request (~30 s) late.
-
-        With a request length known, min_steps is at least its decode gaps: the span's TPOT
-        is judged on what a request's decode runs through (module docstring)."""
-        logged = tuple(self._steps)
-        gaps = decode_gaps(logged)
-        steps = tuple(s for s in logged if s.ts_s >= floor_s)
+        slowly was then judged on finished requests only, a whole request (~30 s) late."""
+        steps = tuple(s for s in tuple(self._steps) if s.ts_s >= floor_s)
         start = since_s
-        want = max(min_steps, math.ceil(gaps)) if gaps is not None and min_steps > 0 else min_steps
-        if want > 0:
+        if min_steps > 0:
             decode = [s.ts_s for s in steps if s.itl_count]
             if decode:
-                start = min(since_s, decode[-min(want, len(decode))])
+                start = min(since_s, decode[-min(min_steps, len(decode))])
         steps = tuple(s for s in steps if s.ts_s >= start)
         itl_count = sum(s.itl_count for s in steps)
         ttfts = [t for s in steps for t in s.ttfts_s]
-        mean = math.fsum(s.itl_sum_s for s in steps) / itl_count if itl_count else None
         return StepLatency(
             steps=sum(1 for s in steps if s.itl_count),
             itl_count=itl_count,
-            itl_mean_s=mean,
+            itl_mean_s=math.fsum(s.itl_sum_s for s in steps) / itl_count if itl_count else None,
             ttft_count=len(ttfts),
             ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
             batch_mean=(itl_count + len(ttfts)) / len(steps) if steps else None,
-            tpot_s=request_tpot(steps, mean, gaps),
-            decode_gaps=gaps,
         )
-
-
-def decode_gaps(steps: Sequence[_Step]) -> float | None:
-    """Decode gaps per request over these steps: every request has one first token and its
-    gaps after it. None under MIN_REQUESTS_FOR_LENGTH first tokens."""
-    firsts = sum(len(s.ttfts_s) for s in steps)
-    if firsts < MIN_REQUESTS_FOR_LENGTH:
-        return None
-    return max(1.0, sum(s.itl_count for s in steps) / firsts)
-
-
-def request_tpot(steps: Sequence[_Step], mean_s: float | None, gaps: float | None) -> float | None:
-    """The TPOT of a request decoding through these steps: their mean gap where they are as
-    many as its decode gaps (or the length is not known), else the missing steps at the
-    median step's gap."""
-    per_step = [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
-    if mean_s is None or gaps is None or len(per_step) >= gaps:
-        return mean_s
-    missing = gaps - len(per_step)
-    return (mean_s * len(per_step) + missing * statistics.median(per_step)) / gaps

@@ -241,7 +241,7 @@ class ControlLoop:
             fresh_ttft_p99_s=fresh.ttft_p99_s,
             fresh_tpot_p99_s=fresh.tpot_p99_s,
             live_steps=None if live is None else live.steps,
-            live_tpot_s=None if live is None else live.tpot_s,
+            live_tpot_s=None if live is None else live.itl_mean_s,
             live_ttft_p99_s=None if live is None else live.ttft_p99_s,
             live_batch=None if live is None else live.batch_mean,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
@@ -390,11 +390,7 @@ class ControlLoop:
             if self.live is None
             else {
                 "steps": self.live.steps,
-                "tpot_s": _round_s(self.live.tpot_s),
-                "itl_mean_s": _round_s(self.live.itl_mean_s),
-                "decode_gaps": None
-                if self.live.decode_gaps is None
-                else round(self.live.decode_gaps, 1),
+                "tpot_s": _round_s(self.live.itl_mean_s),
                 "ttft_p99_s": _round_s(self.live.ttft_p99_s),
                 "batch": None if self.live.batch_mean is None else round(self.live.batch_mean, 1),
             },
