@@ -547,3 +547,37 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
     with pytest.raises(gt.ReuseRefused, match="the box moved"):
         await gt.run(dataclasses.replace(one_seed, reuse=reuse), app.url, app.token, seen.append)
     assert not any("controller" in m for m in seen)
+
+
+async def test_step_time_bench_samples_the_engines_steps_at_each_limit(app: App):
+    """bench/step_time.py against the app: every limit with and without a burner, each row
+    from the steps /admin/status showed (the fake engine's gap is its token delay)."""
+    from bench import step_time
+
+    s = step_time.Settings(
+        levels=(1, 2), burners=(0, 1), settle_s=0.3, measure_s=2.5, every_s=0.25, max_tokens=6
+    )
+    doc = await step_time.run(s, app.url, app.token, log=lambda m: None)
+    assert [(r["burners"], r["limit"]) for r in doc["rows"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    for r in doc["rows"]:
+        assert r["samples"] > 0, r
+        assert TOKEN_DELAY_S <= r["tpot_median_s"] < 10 * TOKEN_DELAY_S, r
+        assert 0 < r["batch_median"] <= r["limit"], r
+    text = step_time.render_markdown({**doc, "command": "x", "machine": "y"})
+    assert "| 1 | 2 |" in text
+    async with app.admin() as admin:
+        status = await goodput.Daemon(admin).status()
+    assert status is not None and status["controller"]["manual_limit"] == 2
+
+
+def test_step_time_bad_options_name_the_option(capsys: pytest.CaptureFixture):
+    from bench import step_time
+
+    for argv, words in (
+        (["--start", "--levels", "0"], "levels"),
+        (["--start", "--levels", "80"], "levels"),
+        (["--start", "--burners", "-1"], "burners"),
+        (["--start", "--every-s", "0"], "every-s"),
+    ):
+        with pytest.raises(SystemExit, match=words):
+            step_time.main(argv)
