@@ -68,7 +68,7 @@ from bench.goodput import (  # noqa: E402
     arrival_times,
     settle,
 )
-from bench.report import MODEL_DIR, write_section  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, write_section  # noqa: E402
 
 TRACES_DIR = ROOT / "bench" / "traces"
 FAULTS = ("hot_room",)
@@ -894,10 +894,7 @@ def _levels_for(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running daemon (its admin token with --token-file)")
-    where.add_argument("--start", action="store_true", help="start a daemon (real CPU engine)")
-    p.add_argument("--token-file", help="the --url daemon's admin token file")
+    add_daemon_args(p)
     p.add_argument("--traces", default="phase_change,diurnal,thermal")
     p.add_argument("--runs", type=int, default=3, help="seeds per cell (default 3)")
     p.add_argument("--levels", default="2,4,8,16,32", help="static limits to sweep")

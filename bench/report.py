@@ -97,6 +97,14 @@ def write_section(doc: Path, name: str, section: str) -> None:
     doc.write_text(text)
 
 
+def add_daemon_args(parser: argparse.ArgumentParser) -> None:
+    """--url (with --token-file) or --start, as the benches on one daemon take them."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running daemon (its admin token with --token-file)")
+    where.add_argument("--start", action="store_true", help="start a daemon (real CPU engine)")
+    parser.add_argument("--token-file", help="the --url daemon's admin token file")
+
+
 def add_output_args(
     parser: argparse.ArgumentParser, doc: Path, json_out: Path, kept: str
 ) -> None:

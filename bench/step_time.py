@@ -37,7 +37,7 @@ from appliance.bench_runner import BenchSettings, connect, document_prompt, stre
 from appliance.client import AdminClient, DaemonAddress, Token  # noqa: E402
 from bench.goodput import Daemon, GoodputSlo, _load_session  # noqa: E402
 from bench.goodput_trace import Plan, _daemon_config, arm_body, calibrate  # noqa: E402
-from bench.report import MODEL_DIR, write_section  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, write_section  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -218,10 +218,7 @@ async def run(s: Settings, url: str | None, token: str | None, log: Any = print)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running daemon (its admin token with --token-file)")
-    where.add_argument("--start", action="store_true", help="start a daemon (real CPU engine)")
-    p.add_argument("--token-file", help="the --url daemon's admin token file")
+    add_daemon_args(p)
     p.add_argument("--levels", default="8,16,32,48,64", help="static limits")
     p.add_argument("--burners", default="0,2", help="CPU-burning processes beside the engine")
     p.add_argument("--settle-s", type=float, default=10.0)
