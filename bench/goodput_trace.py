@@ -68,7 +68,7 @@ from bench.goodput import (  # noqa: E402
     arrival_times,
     settle,
 )
-from bench.report import MODEL_DIR, add_daemon_args, write_section  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc  # noqa: E402
 
 TRACES_DIR = ROOT / "bench" / "traces"
 FAULTS = ("hot_room",)
@@ -988,12 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     doc["machine"] = args.machine
-    text = render_markdown(doc)
-    print(text)
-    if args.markdown:
-        write_section(Path(args.markdown), args.section, text)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    publish_doc(render_markdown(doc), doc, args.markdown, args.section, args.json_out)
     return 0
 
 

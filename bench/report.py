@@ -97,6 +97,17 @@ def write_section(doc: Path, name: str, section: str) -> None:
     doc.write_text(text)
 
 
+def publish_doc(
+    text: str, doc: dict, markdown: str | None, section: str, json_out: str | None
+) -> None:
+    """Print the table, write it into markdown's section and every number to json_out."""
+    print(text)
+    if markdown:
+        write_section(Path(markdown), section, text)
+    if json_out:
+        Path(json_out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
 def add_daemon_args(parser: argparse.ArgumentParser) -> None:
     """--url (with --token-file) or --start, as the benches on one daemon take them."""
     where = parser.add_mutually_exclusive_group(required=True)

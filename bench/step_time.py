@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from appliance.bench_runner import BenchSettings, connect, document_prompt, stre
 from appliance.client import AdminClient, DaemonAddress, Token  # noqa: E402
 from bench.goodput import Daemon, GoodputSlo, _load_session  # noqa: E402
 from bench.goodput_trace import Plan, _daemon_config, arm_body, calibrate  # noqa: E402
-from bench.report import MODEL_DIR, add_daemon_args, write_section  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -259,12 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = asyncio.run(run(s, None if args.start else args.url, token))
     doc["command"] = "python bench/step_time.py " + " ".join(sys.argv[1:] if argv is None else argv)
     doc["machine"] = args.machine
-    text = render_markdown(doc)
-    print(text)
-    if args.markdown:
-        write_section(Path(args.markdown), args.section, text)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n")
+    publish_doc(render_markdown(doc), doc, args.markdown, args.section, args.json_out)
     return 0
 
 
