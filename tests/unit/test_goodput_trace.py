@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.goodput import GoodputSlo
@@ -259,3 +261,16 @@ def test_the_oracle_is_the_best_seed_zero_and_the_smaller_limit_on_a_tie() -> No
 
     runs = [_run("static:64", 0, 3.0), _run("static:16", 0, 3.0), _run("static:16", 1, 9.0)]
     assert best_static_seed0(runs).arm == "static:16"
+
+
+def test_a_bench_publishes_its_table_into_its_section_and_every_number_to_json(tmp_path):
+    from bench.report import publish_doc
+
+    md, out = tmp_path / "b.md", tmp_path / "o.json"
+    md.write_text("# Benchmarks\n\n<!-- other:start -->\nkept\n<!-- other:end -->\n")
+    publish_doc("| a |\n", {"n": 1, "at": tmp_path}, str(md), "mine", str(out))
+    publish_doc("| b |\n", {"n": 2}, str(md), "mine", None)  # run again: replaced, once
+    text = md.read_text()
+    assert "kept" in text and "| b |" in text and "| a |" not in text
+    assert text.count("<!-- mine:start -->") == 1
+    assert json.loads(out.read_text()) == {"n": 1, "at": str(tmp_path)}
