@@ -68,7 +68,7 @@ from bench.goodput import (  # noqa: E402
     arrival_times,
     settle,
 )
-from bench.report import MODEL_DIR, add_daemon_args, publish_doc  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner  # noqa: E402
 
 TRACES_DIR = ROOT / "bench" / "traces"
 FAULTS = ("hot_room",)
@@ -327,7 +327,7 @@ class _Episodes:
                         },
                     )
             for _ in range(seg.slowdown_procs):
-                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+                self.procs.append(start_burner())
             await asyncio.sleep(max(0.0, t0 + start + seg.duration_s - time.perf_counter()))
             self.stop_procs()
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -97,6 +98,24 @@ def write_section(doc: Path, name: str, section: str) -> None:
     doc.write_text(text)
 
 
+# A CPU burner (the thermal trace's slowdown, bench/step_time.py's contention) that exits
+# when the bench that started it goes, killed or not: two burners left behind by a killed
+# trace bench slowed every run after it by half.
+_BURNER = (
+    "import os, sys, time\n"
+    "parent = int(sys.argv[1])\n"  # not its own getppid(): the parent may be gone by then
+    "while os.getppid() == parent:\n"
+    "    end = time.monotonic() + 0.2\n"
+    "    while time.monotonic() < end:\n"
+    "        pass\n"
+)
+
+
+def start_burner() -> subprocess.Popen[bytes]:
+    """One process burning a CPU until killed or until its parent is gone."""
+    return subprocess.Popen([sys.executable, "-c", _BURNER, str(os.getpid())])
+
+
 def publish_doc(
     text: str, doc: dict, markdown: str | None, section: str, json_out: str | None
 ) -> None:
@@ -116,9 +135,7 @@ def add_daemon_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", help="the --url daemon's admin token file")
 
 
-def add_output_args(
-    parser: argparse.ArgumentParser, doc: Path, json_out: Path, kept: str
-) -> None:
+def add_output_args(parser: argparse.ArgumentParser, doc: Path, json_out: Path, kept: str) -> None:
     """--out, --json and --work-dir, as every side-by-side bench takes them."""
     parser.add_argument(
         "--out",

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from appliance.bench_runner import BenchSettings, connect, document_prompt, stre
 from appliance.client import AdminClient, DaemonAddress, Token  # noqa: E402
 from bench.goodput import Daemon, GoodputSlo, _load_session  # noqa: E402
 from bench.goodput_trace import Plan, _daemon_config, arm_body, calibrate  # noqa: E402
-from bench.report import MODEL_DIR, add_daemon_args, publish_doc  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def summarise(burners: int, limit: int, live: Sequence[dict[str, Any]]) -> Row:
 @contextlib.contextmanager
 def burning(n: int) -> Iterator[None]:
     """n CPU-burning processes for the block; killed however it ends."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    procs = [start_burner() for _ in range(n)]
     try:
         yield
     finally:

@@ -274,3 +274,36 @@ def test_a_bench_publishes_its_table_into_its_section_and_every_number_to_json(t
     assert "kept" in text and "| b |" in text and "| a |" not in text
     assert text.count("<!-- mine:start -->") == 1
     assert json.loads(out.read_text()) == {"n": 1, "at": str(tmp_path)}
+
+
+def test_a_cpu_burner_goes_when_the_bench_that_started_it_goes():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    # A bench that starts a burner and is gone at once (as a killed bench is).
+    bench = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from bench.report import start_burner; print(start_burner().pid)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(TRACES_DIR.parents[1]),
+    )
+    burner = int(bench.stdout.strip())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(burner, 0)
+        except ProcessLookupError:
+            return  # gone (reaped by init once its parent went)
+        with open(f"/proc/{burner}/stat") as f:
+            if f.read().split()[2] == "Z":
+                return  # exited, not yet reaped
+        time.sleep(0.1)
+    os.kill(burner, 9)
+    raise AssertionError("the burner outlived the bench that started it")
