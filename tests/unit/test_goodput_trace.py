@@ -282,6 +282,15 @@ def test_a_cpu_burner_goes_when_the_bench_that_started_it_goes():
     import sys
     import time
 
+    from bench.report import start_burner
+
+    # While the bench runs, so does the burner.
+    mine = start_burner()
+    time.sleep(0.3)
+    alive = mine.poll() is None
+    mine.kill()
+    mine.wait()
+    assert alive
     # A bench that starts a burner and is gone at once (as a killed bench is).
     bench = subprocess.run(
         [
