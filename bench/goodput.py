@@ -262,6 +262,17 @@ class Daemon:
         except AdminError:
             return None
 
+    @staticmethod
+    def restore_body(status: dict[str, Any]) -> dict[str, Any]:
+        """The PUT /admin/controller body that puts back the controller this status shows:
+        its mode, bounds, and manual limit when it has one."""
+        ctl = status.get("controller") or {}
+        body: dict[str, Any] = {"mode": ctl.get("mode", "auto")}
+        body.update({k: ctl[k] for k in ("min", "max") if isinstance(ctl.get(k), int)})
+        if isinstance(ctl.get("manual_limit"), int):
+            body["limit"] = ctl["manual_limit"]
+        return body
+
     async def set_controller(self, body: dict[str, Any]) -> tuple[bool, str]:
         """PUT /admin/controller; (applied, what happened)."""
         try:
@@ -416,10 +427,7 @@ async def run_against_url(
                 results += await run_arm(session, url, "static", plan, capacity, daemon, log)
         finally:
             if can_switch:
-                restore: dict[str, Any] = {"mode": ctl.get("mode", "auto"), **bounds}
-                if isinstance(ctl.get("manual_limit"), int):
-                    restore["limit"] = ctl["manual_limit"]
-                _, msg = await daemon.set_controller(restore)
+                _, msg = await daemon.set_controller(Daemon.restore_body(snap))
                 notes.append(f"restored the controller: {msg}")
     return _doc(plan, capacity, static, results, notes, mode="url")
 

@@ -10,7 +10,7 @@ thermal trace's hot room slows the box). The median says what a decode step cost
 batch; the max shows the steps that carried a wave of prefill.
 
     .venv/bin/python bench/step_time.py --start [--levels 8,16,32,48,64] [--burners 0,2] \
-        [--markdown docs/benchmarks.md --section step_time] [--json-out docs/bench-step-time.json]
+        [--markdown docs/benchmarks.md --section step_time] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -92,26 +92,32 @@ def burning(n: int) -> Iterator[None]:
 
 
 async def measure(url: str, token: str | None, s: Settings, log: Any = print) -> list[Row]:
-    """Every burner count x every level on the daemon at url; its controller is left manual
-    at the last level (a benchmark daemon)."""
+    """Every burner count x every level on the daemon at url; its controller is put back as
+    it was however the run ends."""
     rows: list[Row] = []
     address = DaemonAddress(url, Token(token, "bench"))
     async with _load_session() as session, AdminClient.at(address) as admin:
         daemon = Daemon(admin)
         target = await connect(session, BenchSettings(url=url))
         words = (await calibrate(session, target)).words_for(s.prompt_tokens)
-        for burners in s.burners:
-            with burning(burners):
-                for limit in s.levels:
-                    applied, why = await daemon.set_controller(
-                        arm_body(f"static:{limit}", s.max_limit)
-                    )
-                    if not applied:
-                        raise RuntimeError(why)
-                    live = await _load_and_sample(session, target, daemon, limit, words, s)
-                    rows.append(summarise(burners, limit, live))
-                    log(f"  {burners} burner(s), limit {limit}: {_cell(rows[-1])}")
-                    await daemon.wait_idle(120.0)
+        before = await daemon.status()
+        if before is None:
+            raise RuntimeError("GET /admin/status failed: the admin token is needed")
+        try:
+            for burners in s.burners:
+                with burning(burners):
+                    for limit in s.levels:
+                        applied, why = await daemon.set_controller(
+                            arm_body(f"static:{limit}", s.max_limit)
+                        )
+                        if not applied:
+                            raise RuntimeError(why)
+                        live = await _load_and_sample(session, target, daemon, limit, words, s)
+                        rows.append(summarise(burners, limit, live))
+                        log(f"  {burners} burner(s), limit {limit}: {_cell(rows[-1])}")
+                        await daemon.wait_idle(120.0)
+        finally:
+            await daemon.set_controller(Daemon.restore_body(before))
     return rows
 
 

@@ -554,6 +554,8 @@ async def test_step_time_bench_samples_the_engines_steps_at_each_limit(app: App)
     from the steps /admin/status showed (the fake engine's gap is its token delay)."""
     from bench import step_time
 
+    async with app.admin() as admin:
+        before = (await goodput.Daemon(admin).status() or {}).get("controller") or {}
     s = step_time.Settings(
         levels=(1, 2), burners=(0, 1), settle_s=0.3, measure_s=2.5, every_s=0.25, max_tokens=6
     )
@@ -567,7 +569,11 @@ async def test_step_time_bench_samples_the_engines_steps_at_each_limit(app: App)
     assert "| 1 | 2 |" in text
     async with app.admin() as admin:
         status = await goodput.Daemon(admin).status()
-    assert status is not None and status["controller"]["manual_limit"] == 2
+    assert status is not None
+    after = status["controller"]
+    # Put back as it was (this app's controller: manual at its configured limit).
+    assert (after["mode"], after["manual_limit"]) == (before["mode"], before["manual_limit"])
+    assert before["manual_limit"] != 2
 
 
 def test_step_time_bad_options_name_the_option(capsys: pytest.CaptureFixture):
