@@ -68,7 +68,7 @@ from bench.goodput import (  # noqa: E402
     arrival_times,
     settle,
 )
-from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner, stop_burners  # noqa: E402
 
 TRACES_DIR = ROOT / "bench" / "traces"
 FAULTS = ("hot_room",)
@@ -332,10 +332,7 @@ class _Episodes:
             self.stop_procs()
 
     def stop_procs(self) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()
-        self.procs.clear()
+        stop_burners(self.procs)
 
     async def undo(self) -> None:
         self.stop_procs()

@@ -116,6 +116,15 @@ def start_burner() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", _BURNER, str(os.getpid())])
 
 
+def stop_burners(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the burners and reap them; the list is emptied."""
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+    procs.clear()
+
+
 def publish_doc(
     text: str, doc: dict, markdown: str | None, section: str, json_out: str | None
 ) -> None:

@@ -35,7 +35,7 @@ from appliance.bench_runner import BenchSettings, connect, document_prompt, stre
 from appliance.client import AdminClient, DaemonAddress, Token  # noqa: E402
 from bench.goodput import Daemon, GoodputSlo, _load_session  # noqa: E402
 from bench.goodput_trace import Plan, _daemon_config, arm_body, calibrate  # noqa: E402
-from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner  # noqa: E402
+from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner, stop_burners  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,7 @@ def burning(n: int) -> Iterator[None]:
     try:
         yield
     finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+        stop_burners(procs)
 
 
 async def measure(url: str, token: str | None, s: Settings, log: Any = print) -> list[Row]:
