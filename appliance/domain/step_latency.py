@@ -5,11 +5,24 @@ request later (~10 s of 32 tokens on the CPU engine). The engine's stat logger r
 step's inter-token gaps and first-token times as they happen, so the steps taken since a
 change say within a tick or two how the new batch runs. The controller sizes its probes from
 these and cuts when they run over the SLO, before a finished request could show it.
+
+A cut judges the TPOT a request sees: the mean of the gaps over its whole decode, not over
+the few steps a tick sees. On the CPU engine a step that prefills a wave of new prompts takes
+1-3 s where a decode step takes 0.1-0.4 s: eight steps with one such wave in them read
+0.5-0.7 s, over a 0.5 s SLO, while the requests through them saw 0.25-0.35 s, and the limit
+was cut by a third on a load every request of which met its SLO at the old limit. So
+`request_tpot_s` is the mean gap of the last steps, as many as a request decodes (decode gaps
+per first token in the log), and where fewer steps are there, the missing ones at the median
+step: a slowdown moves the median with it, a wave does not. Probes keep the span's plain mean
+(`itl_mean_s`), waves and all: their projection is linear in the limit, and on the wave-free
+reading they climbed into the region where the step time grows far faster than the batch
+(docs/benchmarks.md, goodput_trace_wave_thermal).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +43,17 @@ class StepLatency:
     # A probe projects from it, not from the limit: with a queue held back by the prefill
     # budget, or a limit just raised, fewer run than the limit allows.
     batch_mean: float | None = None
+    # What cuts judge: the TPOT of a request decoding through the last request_steps decode
+    # steps (as many as a request decodes, reaching back before the span where it must), the
+    # missing ones at their median step. None without decode steps.
+    request_tpot_s: float | None = None
+    request_steps: int = 0
+    # Decode gaps per request, from the log (gaps over first tokens); None: too few requests.
+    decode_gaps: float | None = None
+
+
+# Fewer first tokens than this in the log: no request length (the span's mean stands).
+MIN_REQUESTS_FOR_LENGTH = 8
 
 
 @dataclass(frozen=True)
@@ -72,21 +96,62 @@ class StepLatencyLog:
         A span of seconds alone is blind where it matters: a step takes about one TPOT, so
         at a TPOT over its SLO fewer steps fit in the span than a judgement needs (8 steps
         in 4 s is a step under 0.5 s, i.e. under the SLO). A limit that broke the SLO
-        slowly was then judged on finished requests only, a whole request (~30 s) late."""
-        steps = tuple(s for s in tuple(self._steps) if s.ts_s >= floor_s)
-        start = since_s
-        if min_steps > 0:
-            decode = [s.ts_s for s in steps if s.itl_count]
-            if decode:
-                start = min(since_s, decode[-min(min_steps, len(decode))])
-        steps = tuple(s for s in steps if s.ts_s >= start)
-        itl_count = sum(s.itl_count for s in steps)
-        ttfts = [t for s in steps for t in s.ttfts_s]
+        slowly was then judged on finished requests only, a whole request (~30 s) late.
+
+        The request TPOT reaches back as many decode steps as a request decodes, where the
+        log knows its length (module docstring), also never before floor_s."""
+        logged = tuple(self._steps)
+        steps = tuple(s for s in logged if s.ts_s >= floor_s)
+        span = _reach_back(steps, since_s, min_steps)
+        gaps = decode_gaps(logged)
+        wanted = max(min_steps, math.ceil(gaps)) if gaps is not None and min_steps > 0 else 0
+        request_span = _reach_back(steps, since_s, wanted) if wanted > min_steps else span
+        itl_count = sum(s.itl_count for s in span)
+        ttfts = [t for s in span for t in s.ttfts_s]
         return StepLatency(
-            steps=sum(1 for s in steps if s.itl_count),
+            steps=sum(1 for s in span if s.itl_count),
             itl_count=itl_count,
-            itl_mean_s=math.fsum(s.itl_sum_s for s in steps) / itl_count if itl_count else None,
+            itl_mean_s=_mean_gap(span),
             ttft_count=len(ttfts),
             ttft_p99_s=percentile(ttfts, 99) if ttfts else None,
-            batch_mean=(itl_count + len(ttfts)) / len(steps) if steps else None,
+            batch_mean=(itl_count + len(ttfts)) / len(span) if span else None,
+            request_tpot_s=request_tpot(request_span, gaps),
+            request_steps=sum(1 for s in request_span if s.itl_count),
+            decode_gaps=gaps,
         )
+
+
+def _reach_back(steps: Sequence[_Step], since_s: float, min_steps: int) -> tuple[_Step, ...]:
+    """The steps at or after since_s, or the last min_steps decode steps where fewer are."""
+    start = since_s
+    if min_steps > 0:
+        decode = [s.ts_s for s in steps if s.itl_count]
+        if decode:
+            start = min(since_s, decode[-min(min_steps, len(decode))])
+    return tuple(s for s in steps if s.ts_s >= start)
+
+
+def _mean_gap(steps: Sequence[_Step]) -> float | None:
+    count = sum(s.itl_count for s in steps)
+    return math.fsum(s.itl_sum_s for s in steps) / count if count else None
+
+
+def decode_gaps(steps: Sequence[_Step]) -> float | None:
+    """Decode gaps per request over these steps: every request has one first token and its
+    gaps after it. None under MIN_REQUESTS_FOR_LENGTH first tokens."""
+    firsts = sum(len(s.ttfts_s) for s in steps)
+    if firsts < MIN_REQUESTS_FOR_LENGTH:
+        return None
+    return max(1.0, sum(s.itl_count for s in steps) / firsts)
+
+
+def request_tpot(steps: Sequence[_Step], gaps: float | None) -> float | None:
+    """The TPOT of a request decoding through these steps: their mean gap where they are as
+    many as its decode gaps (or its length is not known), else the missing steps at the
+    median step's gap."""
+    mean_s = _mean_gap(steps)
+    per_step = [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
+    if mean_s is None or gaps is None or len(per_step) >= gaps:
+        return mean_s
+    missing = gaps - len(per_step)
+    return (mean_s * len(per_step) + missing * statistics.median(per_step)) / gaps

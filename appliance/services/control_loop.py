@@ -244,6 +244,8 @@ class ControlLoop:
             live_tpot_s=None if live is None else live.itl_mean_s,
             live_ttft_p99_s=None if live is None else live.ttft_p99_s,
             live_batch=None if live is None else live.batch_mean,
+            live_request_tpot_s=None if live is None else live.request_tpot_s,
+            live_request_steps=None if live is None else live.request_steps,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -385,7 +387,8 @@ class ControlLoop:
                 "reason": None if self.prefill is None else self.prefill.reason,
             },
             # The engine's own steps since the last change (vLLM's stat logger), as the last
-            # tick saw them: what probes are sized on and cuts judge before requests finish.
+            # tick saw them: what probes are sized on (tpot_s, the span's mean gap) and cuts
+            # judge (request_tpot_s, a request's decode through them) before requests finish.
             "live": None
             if self.live is None
             else {
@@ -393,6 +396,11 @@ class ControlLoop:
                 "tpot_s": _round_s(self.live.itl_mean_s),
                 "ttft_p99_s": _round_s(self.live.ttft_p99_s),
                 "batch": None if self.live.batch_mean is None else round(self.live.batch_mean, 1),
+                "request_tpot_s": _round_s(self.live.request_tpot_s),
+                "request_steps": self.live.request_steps,
+                "decode_gaps": None
+                if self.live.decode_gaps is None
+                else round(self.live.decode_gaps, 1),
             },
             "forecast": None
             if self.forecast is None

@@ -269,7 +269,15 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
     assert "of the engine's 8 steps since the last change" in d.reason
-    assert loop.snapshot()["live"] == {"steps": 8, "tpot_s": 0.02, "ttft_p99_s": 0.1, "batch": 2.0}
+    assert loop.snapshot()["live"] == {
+        "steps": 8,
+        "tpot_s": 0.02,
+        "ttft_p99_s": 0.1,
+        "batch": 2.0,
+        "request_tpot_s": 0.02,
+        "request_steps": 8,
+        "decode_gaps": 1.0,
+    }
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -338,3 +346,34 @@ def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():
     loop.state = dataclasses.replace(drained, over_limit_s=clock.now_s - 5)
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
+
+
+def _tick_after_a_change_on(gaps_s: list[float]) -> tuple[ControlDecision, int]:
+    """A chat load's history (8 requests over 48 steps of 4), a change 9 s ago, then one
+    engine step a second at these gaps (4 requests a step); one tick (TPOT SLO 0.5 s)."""
+    import dataclasses
+
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    clock.now_s = 100.0
+    for i in range(48):
+        steps.add(42.0 + i, (0.2,) * 4, (0.5,) if i % 6 == 0 else ())
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 9)
+    for i, gap in enumerate(gaps_s):
+        steps.add(clock.now_s - len(gaps_s) + i, (gap,) * 4, ())
+    return loop.tick(), admission.base_limit
+
+
+def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
+    # Eight steps since the change read 0.55 s on average, over the 0.5 s SLO, because one of
+    # them prefilled a wave of prompts (3 s). A request decodes 28 gaps (224 over 8 first
+    # tokens); through these steps and typical ones after them it sees 0.3 s: no cut (the
+    # span's mean cut to half).
+    d, base = _tick_after_a_change_on([0.2, 0.2, 3.0, 0.2, 0.2, 0.2, 0.2, 0.2])
+    assert d.action is not Action.DOWN and base == 4, d.reason
+    # Every step at 0.6 s: the box slowed, and the steps say so before a request finishes.
+    d, base = _tick_after_a_change_on([0.6] * 8)
+    assert (d.action, base) == (Action.DOWN, 2), d.reason
+    assert "the engine's last 8 steps: TPOT 600 ms > SLO 500 ms" in d.reason
+

@@ -814,6 +814,25 @@ def test_the_engines_steps_over_the_slo_cut_before_any_request_finishes():
     assert d.state.breach_base == 32  # remembered like any breach
 
 
+def test_a_cut_judges_a_requests_tpot_through_the_steps_and_a_probe_the_spans_mean():
+    # The span's mean is 0.26 s against a 0.2 s SLO because one step prefilled a wave; a
+    # request decoding through those steps sees 0.15 s: no breach, and no cut.
+    wave = {**_live(20, 0.26, 0.3), "live_request_tpot_s": 0.15, "live_request_steps": 31}
+    d = step(inputs(limit=32, ttft=0.5, tpot=0.05, **wave), settled(), FAST)
+    assert d.action is not Action.DOWN, d.reason
+    # The probe sizes on the span's mean (130 % of the SLO): past its mark, one step only.
+    assert d.limit == 33, d.reason
+    # A request's TPOT over the SLO cuts, sized on it (1.4x: 32 x 0.8 / 1.4 = 18), and the
+    # reason names the steps it was measured on.
+    slow = {**_live(20, 0.3, 0.3), "live_request_tpot_s": 0.28, "live_request_steps": 31}
+    d = step(inputs(limit=32, ttft=0.5, tpot=0.05, **slow), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+    assert "the engine's last 31 steps: TPOT 280 ms > SLO 200 ms" in d.reason
+    assert "(a mean, not a tail: the full cut)" in d.reason
+    with pytest.raises(ValueError, match="live_request_tpot_s"):
+        inputs(live_request_tpot_s=-1.0)
+
+
 def test_a_live_cut_never_goes_below_half_the_limit_nor_cuts_less_than_a_plain_one():
     # Twice the SLO would size 0.4x: held at live_cut_floor_ratio, half.
     d = step(inputs(limit=32, **_live(20, 0.4, 0.3)), settled(), FAST)

@@ -55,3 +55,54 @@ def test_too_few_steps_since_the_moment_reach_back_to_min_steps_but_not_past_the
     assert log.since(7.0, min_steps=5, floor_s=6.0).steps == 4  # never before the floor
     assert log.since(7.0, min_steps=2).steps == 3  # enough since the moment: as before
     assert log.since(0.0, min_steps=50).steps == 10  # all there are
+
+
+def _chat_log(gap_s: float = 0.2) -> StepLatencyLog:
+    """62 decode steps a second apart, 4 requests decoding in each, a first token every
+    8th: 248 gaps over 8 requests, so a request decodes 31 gaps."""
+    log = StepLatencyLog(max_age_s=1000.0)
+    for i in range(62):
+        log.add(float(i), (gap_s,) * 4, (0.5,) if i % 8 == 0 else ())
+    return log
+
+
+def test_a_request_length_comes_from_the_log_and_the_request_span_reaches_back_to_it():
+    log = _chat_log()
+    got = log.since(58.0, min_steps=8)
+    assert got.decode_gaps == pytest.approx(31.0)
+    assert got.request_steps == 31  # as many steps as a request decodes
+    assert got.request_tpot_s == pytest.approx(0.2)
+    assert got.steps == 8  # the probes' span is as before: min_steps
+    assert log.since(58.0).steps == 4  # no reach asked: the span alone
+
+
+def test_one_wave_step_among_few_is_not_a_requests_tpot():
+    log = _chat_log()
+    log.add(62.0, (3.0,) * 4, ())  # a step that prefilled a wave of new prompts
+    for i in range(63, 70):
+        log.add(float(i), (0.2,) * 4, ())
+    got = log.since(66.0, min_steps=8, floor_s=62.0)  # 8 steps since the last change
+    assert got.steps == got.request_steps == 8  # the floor stops the reach back
+    assert got.itl_mean_s == pytest.approx(0.55)  # the 8 steps' mean: over a 0.5 s SLO
+    # A request decodes 31 gaps: 8 as measured, the other 23 at the median step (0.2 s).
+    gaps = got.decode_gaps
+    assert gaps is not None
+    assert got.request_tpot_s == pytest.approx((0.55 * 8 + (gaps - 8) * 0.2) / gaps)
+    assert got.request_tpot_s < 0.3
+
+
+def test_a_slowdown_moves_the_median_with_it():
+    log = _chat_log()
+    for i in range(62, 70):
+        log.add(float(i), (0.6,) * 4, ())  # the box slowed: every step
+    got = log.since(66.0, min_steps=8, floor_s=62.0)
+    assert got.request_tpot_s == pytest.approx(0.6)
+
+
+def test_without_a_request_length_the_spans_mean_stands():
+    log = StepLatencyLog()
+    log.add(1.0, (0.2,) * 4, (0.5,))  # one first token: too few to say a request's length
+    log.add(2.0, (3.0,) * 4, ())
+    got = log.since(0.0, min_steps=8)
+    assert got.decode_gaps is None
+    assert got.request_tpot_s == got.itl_mean_s == pytest.approx(1.6)
