@@ -341,12 +341,18 @@ class _Episodes:
 
 
 async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: float) -> None:
-    """The daemon's limit, derate, queue and prefill budget every `every_s` (for the plots)."""
+    """The daemon's limit, derate, queue and prefill budget every `every_s` (for the plots),
+    with the controller's changes since the sample before and their reasons (to read a run
+    afterwards: the daemon and its database go with the bench)."""
+    seen_ts = time.time()  # the daemon's wall clock, this machine's: changes from here on
     while True:
         snap = await daemon.status() or {}
         adm = snap.get("admission") or {}
         ctl = snap.get("controller") or {}
         prefill = ctl.get("prefill") or {}
+        changes = [d for d in ctl.get("decisions") or () if d.get("ts_s", -math.inf) > seen_ts]
+        if changes:
+            seen_ts = max(d["ts_s"] for d in changes)
         out.append(
             {
                 "t_s": round(time.perf_counter() - t0, 2),
@@ -355,6 +361,7 @@ async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: 
                 "in_flight": adm.get("in_flight"),
                 "queued": sum((adm.get("queued") or {}).values()),
                 "prefill_budget_tokens": prefill.get("budget_tokens"),
+                "changes": [d.get("reason") for d in changes],
             }
         )
         await asyncio.sleep(every_s)

@@ -510,6 +510,7 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
         assert [p["segment"] for p in r["phases"]] == [0, 1]
         assert sum(p["sent"] for p in r["phases"]) == r["sent"]
         assert r["timeline"], "the daemon's limit was watched"
+        assert all(isinstance(x["changes"], list) for x in r["timeline"])
     assert row["static"]["n"] == 2 and row["controller"]["n"] == 2
     text = gt.render_markdown({**doc, "command": "x", "machine": "y"})
     assert "| tiny |" in text and "Static sweep" in text

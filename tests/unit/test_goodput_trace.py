@@ -316,3 +316,28 @@ def test_a_cpu_burner_goes_when_the_bench_that_started_it_goes():
         time.sleep(0.1)
     os.kill(burner, 9)
     raise AssertionError("the burner outlived the bench that started it")
+
+
+async def test_the_watch_keeps_each_change_of_the_controller_with_its_reason() -> None:
+    import asyncio
+    import time
+
+    from bench import goodput_trace
+
+    now = time.time()
+    old = {"ts_s": now - 60, "reason": "manual limit 8: 64 -> 8"}  # before the watch began
+    up = {"ts_s": now + 1, "reason": "p99 TTFT 1 s < 4 s: 8 -> 12"}
+    down = {"ts_s": now + 3, "reason": "the engine's last 31 steps: TPOT 600 ms: 12 -> 9"}
+    snaps = iter([[old], [old, up], [old, up], [old, up, down]])
+
+    class Daemon:
+        async def status(self) -> dict[str, object]:
+            decisions = next(snaps, [old, up, down])
+            return {"admission": {"limit": 8}, "controller": {"decisions": decisions}}
+
+    out: list[dict[str, object]] = []
+    task = asyncio.create_task(goodput_trace._watch(Daemon(), 0.0, out, 0.001))  # type: ignore[arg-type]
+    while len(out) < 5:
+        await asyncio.sleep(0.001)
+    task.cancel()
+    assert [x["changes"] for x in out[:5]] == [[], [up["reason"]], [], [down["reason"]], []]
