@@ -696,11 +696,12 @@ def _live_overshoot(
 
 
 def _cut_tpot(inputs: ControlInputs) -> float | None:
-    """The steps' TPOT a cut judges: a request's through them where the loop reports it (one
-    step that prefilled a wave of prompts among a few decode steps is no breach: in bursts of
-    60 chat requests it read 0.55-0.6 s and cut 64 to 44-46, where static 64 served every
-    request within the SLO, docs/benchmarks.md, goodput_trace_takeover_steady_bursty), else
-    the span's mean gap."""
+    """The steps' TPOT a cut judges: a request's through them where the loop reports it, else
+    the span's mean gap. One step that prefilled a wave of prompts among a few decode steps
+    is no breach: on the span's mean, every seed of steady bursty cut 64 to 44-46 in the
+    bursts (cuts sized to steps ~1.14x the SLO) where static 64 served every request within
+    the SLO (docs/benchmarks.md, goodput_trace_takeover_steady_bursty); judging a request's
+    TPOT, no seed cut at all (goodput_trace_cutread_steady_bursty)."""
     if inputs.live_request_tpot_s is not None:
         return inputs.live_request_tpot_s
     return inputs.live_tpot_s

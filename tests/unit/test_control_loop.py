@@ -376,4 +376,3 @@ def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
     d, base = _tick_after_a_change_on([0.6] * 8)
     assert (d.action, base) == (Action.DOWN, 2), d.reason
     assert "the engine's last 8 steps: TPOT 600 ms > SLO 500 ms" in d.reason
-

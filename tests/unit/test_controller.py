@@ -820,7 +820,7 @@ def test_a_cut_judges_a_requests_tpot_through_the_steps_and_a_probe_the_spans_me
     wave = {**_live(20, 0.26, 0.3), "live_request_tpot_s": 0.15, "live_request_steps": 31}
     d = step(inputs(limit=32, ttft=0.5, tpot=0.05, **wave), settled(), FAST)
     assert d.action is not Action.DOWN, d.reason
-    # The probe sizes on the span's mean (130 % of the SLO): past its mark, one step only.
+    # The probe judges the span's mean (130 % of the SLO): past its mark, one step only.
     assert d.limit == 33, d.reason
     # A request's TPOT over the SLO cuts, sized on it (1.4x: 32 x 0.8 / 1.4 = 18), and the
     # reason names the steps it was measured on.
