@@ -14,9 +14,7 @@ AIMD with memory. Each tick, in `auto` mode:
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
-  waiting, KV has room and the last change had time to show, and the engine's steps since
-  that change (when there are live_min_steps of them) run under that mark too: the window's
-  p99s lag the batch running now by a whole request. Between `probe_below_ratio` x
+  waiting, KV has room and the last change had time to show. Between `probe_below_ratio` x
   SLO and the SLO it holds: that dead band is what keeps a steady load steady. A probe is
   sized by the headroom it sees on fresh evidence (requests admitted since the last change,
   or the engine's own steps since it): latency is projected to grow with the limit, so a
@@ -884,28 +882,7 @@ def _probe_blocker(t: _Tick) -> str | None:
         return f"no queue ({inputs.queued} waiting, {inputs.in_flight} running)"
     if t.kv >= cfg.kv_probe_max_ratio:
         return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
-    return _steps_near_the_slo(t)
-
-
-def _steps_near_the_slo(t: _Tick) -> str | None:
-    """The engine's steps since the last change at or over the probe mark: no probe, not even
-    one step. The window's p99s are of requests that finished, most admitted before the last
-    change; the steps show the batch running now. On thermal (docs/benchmarks.md,
-    goodput_trace_cutread_thermal, seed 2) one-step probes on the window alone went 31 -> 36
-    while the steps ran at 0.36-0.49 s against a 0.5 s SLO, and 39 requests missed their
-    TPOT where static 32 missed none."""
-    cfg, inputs = t.cfg, t.inputs
-    if cfg.slo_tpot_p99_s is None or inputs.live_tpot_s is None:
-        return None
-    if not _steps_judge(cfg, inputs, t.limit):
-        return None
-    mark = cfg.slo_tpot_p99_s * cfg.probe_below_ratio
-    if inputs.live_tpot_s < mark:
-        return None
-    return (
-        f"the engine's {inputs.live_steps} steps since the last change at TPOT "
-        f"{_fmt_s(inputs.live_tpot_s)} (probing needs < {_fmt_s(mark)})"
-    )
+    return None
 
 
 def _hold_blocker(t: _Tick, fast: bool) -> str | None:
