@@ -9,8 +9,8 @@ AIMD with memory. Each tick, in `auto` mode:
   and a 25 % cut for a p99 5 % over would throw throughput away and start a saw-tooth. A mild
   breach again after such a step, with no tick since that judged the SLO kept, was not noise:
   the full cut then (a limit started high would otherwise meet the SLO one step a hold).
-  The engine's steps' mean TPOT over its SLO is never mild: that is no tail but the typical
-  running request missing.
+  The TPOT a request sees through the engine's steps (a mean over its decode, not a p99)
+  over its SLO is never mild: that is no tail but the typical running request missing.
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
@@ -122,9 +122,9 @@ class ControllerConfig:
     # The engine's steps are judged over at most this many recent seconds (and never from
     # before the last change): a cut must see what runs now, not the batch before it.
     live_span_s: float = 4.0
-    # A cut on the engine's steps (their mean TPOT or first-token p99 over the SLO) is sized
-    # to bring them to probe_below_ratio x the SLO, in proportion to the limit, but cuts at
-    # most to this share of the limit and at least to decrease_factor of it.
+    # A cut on the engine's steps (a request's TPOT through them or their first-token p99 over
+    # the SLO) is sized to bring them to probe_below_ratio x the SLO, in proportion to the
+    # limit, but cuts at most to this share of the limit and at least to decrease_factor of it.
     live_cut_floor_ratio: float = 0.5
     hold_ticks_after_increase: int = 3
     hold_ticks_after_decrease: int = 3
@@ -713,15 +713,16 @@ def _tpot_over(cfg: ControllerConfig, tpot_s: float | None) -> bool:
 
 
 def _steps_mean_over(t: _Tick) -> bool:
-    """The engine's steps, judged this tick, have a mean TPOT over the SLO."""
+    """The engine's steps, judged this tick, give a request's TPOT (a mean) over the SLO."""
     return t.live_over is not None and _tpot_over(t.cfg, _cut_tpot(t.inputs))
 
 
 def _is_mild(t: _Tick) -> bool:
     """Every p99 within mild_breach_ratio x its SLO and KV not over its mark: one step back.
 
-    Not when the engine's steps' mean TPOT is over its SLO: a p99 over its SLO is a tail
-    that may be noise, a mean over it is the typical running request missing. Taken as mild,
+    Not when a request's TPOT through the engine's steps (a mean) is over its SLO: a p99 over
+    its SLO is a tail that may be noise, a mean over it is the typical running request
+    missing. Taken as mild,
     thermal's cool phase on a box of 4 req/s sat at 61 -> 60 -> 59 -> 58 over 34 s, its steps
     at 516-529 ms against 500, and served 60 good requests where static 32 served 99
     (docs/benchmarks.md, goodput_trace_ceil_thermal, seed 0)."""
