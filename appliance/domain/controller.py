@@ -25,6 +25,9 @@ AIMD with memory. Each tick, in `auto` mode:
   fresh evidence, or when the headroom is under one step, a probe is +`increase_step` after
   `hold_ticks_after_increase` ticks. A multiplicative climb gives the box back within
   seconds after a load shift or on a ramp, where +1 every few ticks takes minutes.
+  A p99 TPOT in the dead band does not hold a probe when the engine's steps since the last
+  change say it is history (a request through them under `fast_probe_below_ratio` of the
+  SLO): after a slow spell the window keeps its tail for `window_s`. That probe is one step.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
@@ -871,7 +874,7 @@ def _probe_blocker(t: _Tick) -> str | None:
         )
     if t.tpot is not None and cfg.slo_tpot_p99_s is not None:
         tpot_probe = cfg.slo_tpot_p99_s * cfg.probe_below_ratio
-        if t.tpot >= tpot_probe:
+        if t.tpot >= tpot_probe and not _tail_is_history(t):
             return (
                 f"p99 TPOT {_fmt_s(t.tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
                 f"(probing needs < {_fmt_s(tpot_probe)})"
@@ -884,6 +887,40 @@ def _probe_blocker(t: _Tick) -> str | None:
     if t.kv >= cfg.kv_probe_max_ratio:
         return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
     return None
+
+
+def _tail_is_history(t: _Tick) -> bool:
+    """The window's p99 TPOT is from a slower box than runs now: the engine's steps since the
+    last change (enough to judge, none of them a cut's drain) give a request's TPOT through
+    them under fast_probe_below_ratio of the SLO. A finished request's TPOT tells how the
+    engine ran over its whole life, and the window keeps it window_s longer: after a slow
+    spell ends, the p99 sits in the dead band for up to window_s + a request's life and
+    holds the limit where the slow spell left it. On thermal the cool phase after the hot
+    room held 25 at "p99 TPOT 483 ms (probing needs < 400 ms)" for 50 s while a request
+    through the steps took 160-280 ms (docs/benchmarks.md, goodput_trace_cutread_thermal,
+    seed 2). A mean under half the SLO leaves a p99 room under the probe mark. Only the gate
+    opens: such a probe is one step a hold (_probe_step), never sized on the mean."""
+    cfg, inputs = t.cfg, t.inputs
+    if cfg.slo_tpot_p99_s is None or inputs.live_request_tpot_s is None:
+        return False
+    if not _steps_judge(cfg, inputs, t.limit):
+        return False
+    return inputs.live_request_tpot_s < cfg.fast_probe_below_ratio * cfg.slo_tpot_p99_s
+
+
+def _history(t: _Tick) -> str:
+    """Why a p99 TPOT in the dead band did not hold this probe ("" when it was under)."""
+    cfg, inputs = t.cfg, t.inputs
+    if t.tpot is None or cfg.slo_tpot_p99_s is None:
+        return ""
+    if t.tpot < cfg.slo_tpot_p99_s * cfg.probe_below_ratio:
+        return ""
+    assert inputs.live_request_tpot_s is not None  # _tail_is_history opened the gate
+    return (
+        f"p99 TPOT {_fmt_s(t.tpot)} is from a slower engine: a request through its last "
+        f"{inputs.live_request_steps} steps takes {_fmt_s(inputs.live_request_tpot_s)} "
+        f"(< {cfg.fast_probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_tpot_p99_s)}); "
+    )
 
 
 def _hold_blocker(t: _Tick, fast: bool) -> str | None:
@@ -1051,6 +1088,10 @@ def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
     evidence = _probe_evidence(t)
     if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
         return step, None, False
+    if _history(t):
+        # The window's tail is in the dead band and only the engine's steps call it
+        # history: a mean opened the gate, and a mean is no headroom to size a probe on.
+        return step, None, False
     measured = _worst_ratio(cfg, evidence)
     if measured is None:
         return step, None, False
@@ -1109,6 +1150,7 @@ def _probe(t: _Tick) -> ControlDecision:
     reason = (
         f"p99 TTFT {_fmt_s(t.ttft)} < {_fmt_s(ttft_probe)} "
         f"({cfg.probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_ttft_p99_s)}), "
-        f"{sized or ''}{_probe_pressure(t)}: {_move(limit, new_limit, t.base, new_base, factor)}"
+        f"{_history(t)}{sized or ''}{_probe_pressure(t)}: "
+        f"{_move(limit, new_limit, t.base, new_base, factor)}"
     )
     return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)

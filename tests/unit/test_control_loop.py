@@ -376,3 +376,33 @@ def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
     d, base = _tick_after_a_change_on([0.6] * 8)
     assert (d.action, base) == (Action.DOWN, 2), d.reason
     assert "the engine's last 8 steps: TPOT 600 ms > SLO 500 ms" in d.reason
+
+
+async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_run_fast():
+    import asyncio
+    import dataclasses
+
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 20)
+    # Requests that decoded through a slow spell finish at 450 ms a token: the window's p99
+    # sits in the dead band (probing needs < 400 ms), and with no steps to say otherwise the
+    # limit holds.
+    for _ in range(4):
+        latency.add(clock.now_s - 1, 0.1, 0.45, admitted_s=clock.now_s - 15)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
+    assert "p99 TPOT 450 ms within SLO 500 ms" in d.reason
+    # The engine's last 10 steps run at 100 ms a token: that tail is history, one step up.
+    for i in range(10):
+        steps.add(clock.now_s - 3 + 0.3 * i, (0.1,) * 4, ())
+    clock.now_s += 0.5
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
+    assert "p99 TPOT 450 ms is from a slower engine" in d.reason
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -973,3 +973,26 @@ def test_after_a_breach_a_sized_probe_stops_where_the_cut_landed_and_steps_past_
     done = replace(d.state, tick=later.tick + 40, last_change_tick=later.tick + 30)
     d = decide(cfg, inputs(limit=34, **calm), done)
     assert d.limit == 51 and "where the last cut landed" not in d.reason, d.reason
+
+
+def test_a_tail_from_a_slower_engine_does_not_hold_the_limit_where_the_slow_spell_left_it():
+    # The window's p99 TPOT (190 ms against a 200 ms SLO, probing needs < 160 ms) is from
+    # requests that decoded through a slow spell; the engine's 20 steps since the last change
+    # give a request through them 80 ms (40 % of the SLO): the tail is history, one step up.
+    now = {**_live(20, 0.09, 0.4), "live_request_tpot_s": 0.08, "live_request_steps": 31}
+    d = step(inputs(limit=25, ttft=0.5, tpot=0.19, **now), settled(), FAST)
+    assert (d.action, d.limit) == (Action.UP, 26), d.reason
+    assert "p99 TPOT 190 ms is from a slower engine" in d.reason
+    assert "a request through its last 31 steps takes 80 ms" in d.reason
+    # Without the steps, or with a request through them at half the SLO or over, or with
+    # too few steps to judge, or a cut still draining, the tail holds the limit as before.
+    for kw in (
+        {},
+        {**now, "live_request_tpot_s": 0.1},
+        {**now, "live_steps": 5},
+        {**now, "in_flight": 30},
+    ):
+        d = step(inputs(limit=25, ttft=0.5, tpot=0.19, **kw), settled(), FAST)  # type: ignore[arg-type]
+        assert d.action is Action.HOLD, (kw, d.reason)
+    d = step(inputs(limit=25, ttft=0.5, tpot=0.19), settled(), FAST)
+    assert "p99 TPOT 190 ms within SLO 200 ms (probing needs < 160 ms)" in d.reason
