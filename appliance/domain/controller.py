@@ -725,9 +725,9 @@ def _is_mild(t: _Tick) -> bool:
 
     Not when a request's TPOT through the engine's steps (a mean) is over its SLO: a p99 over
     its SLO is a tail that may be noise, a mean over it is the typical running request
-    missing. Taken as mild,
-    thermal's cool phase on a box of 4 req/s sat at 61 -> 60 -> 59 -> 58 over 34 s, its steps
-    at 516-529 ms against 500, and served 60 good requests where static 32 served 99
+    missing. Taken as mild, thermal's cool phase on a box of 4 req/s sat at 61 -> 60 -> 59
+    -> 58 over 34 s, its steps at 516-529 ms against 500, and served 60 good requests where
+    static 32 served 99
     (docs/benchmarks.md, goodput_trace_ceil_thermal, seed 0)."""
     if _steps_mean_over(t):
         return False
@@ -872,13 +872,12 @@ def _probe_blocker(t: _Tick) -> str | None:
             f"p99 TTFT {_fmt_s(t.ttft)} within SLO {_fmt_s(cfg.slo_ttft_p99_s)} "
             f"(probing needs < {_fmt_s(ttft_probe)})"
         )
-    if t.tpot is not None and cfg.slo_tpot_p99_s is not None:
-        tpot_probe = cfg.slo_tpot_p99_s * cfg.probe_below_ratio
-        if t.tpot >= tpot_probe and not _tail_is_history(t):
-            return (
-                f"p99 TPOT {_fmt_s(t.tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
-                f"(probing needs < {_fmt_s(tpot_probe)})"
-            )
+    if _tpot_in_dead_band(t) and not _tail_is_history(t):
+        assert t.tpot is not None and cfg.slo_tpot_p99_s is not None  # in the dead band
+        return (
+            f"p99 TPOT {_fmt_s(t.tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
+            f"(probing needs < {_fmt_s(cfg.slo_tpot_p99_s * cfg.probe_below_ratio)})"
+        )
     # A burst the predictor sees coming counts like a queue: raise the limit before it lands,
     # while latency still has room, instead of after the queue and the TTFT have grown.
     ahead = inputs.forecast_pending is not None and inputs.forecast_pending > limit
@@ -887,6 +886,12 @@ def _probe_blocker(t: _Tick) -> str | None:
     if t.kv >= cfg.kv_probe_max_ratio:
         return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
     return None
+
+
+def _tpot_in_dead_band(t: _Tick) -> bool:
+    """The window's p99 TPOT at or over the probe mark (probe_below_ratio x its SLO)."""
+    slo = t.cfg.slo_tpot_p99_s
+    return t.tpot is not None and slo is not None and t.tpot >= slo * t.cfg.probe_below_ratio
 
 
 def _tail_is_history(t: _Tick) -> bool:
@@ -911,11 +916,10 @@ def _tail_is_history(t: _Tick) -> bool:
 def _history(t: _Tick) -> str:
     """Why a p99 TPOT in the dead band did not hold this probe ("" when it was under)."""
     cfg, inputs = t.cfg, t.inputs
-    if t.tpot is None or cfg.slo_tpot_p99_s is None:
+    if not (_tpot_in_dead_band(t) and _tail_is_history(t)):
         return ""
-    if t.tpot < cfg.slo_tpot_p99_s * cfg.probe_below_ratio:
-        return ""
-    assert inputs.live_request_tpot_s is not None  # _tail_is_history opened the gate
+    assert t.tpot is not None and cfg.slo_tpot_p99_s is not None
+    assert inputs.live_request_tpot_s is not None
     return (
         f"p99 TPOT {_fmt_s(t.tpot)} is from a slower engine: a request through its last "
         f"{inputs.live_request_steps} steps takes {_fmt_s(inputs.live_request_tpot_s)} "

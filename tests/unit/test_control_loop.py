@@ -206,6 +206,15 @@ async def _queued(admission: AdmissionQueue, n: int) -> list:
     return tasks
 
 
+async def _cancel(tasks: list) -> None:
+    """End the tasks _queued started."""
+    import asyncio
+
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _after_a_fast_probe(
     clock: Clock, steps: StepLatencyLog | None = None
 ) -> tuple[ControlLoop, AdmissionQueue, LatencyWindow, list]:
@@ -223,7 +232,6 @@ async def _after_a_fast_probe(
 
 
 async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
-    import asyncio
 
     clock = Clock()
     loop, admission, latency, tasks = await _after_a_fast_probe(clock)
@@ -240,13 +248,10 @@ async def test_fast_probes_wait_for_requests_admitted_after_the_last_change():
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 8), d.reason
     assert "of the 2 admitted since the last change" in d.reason
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _cancel(tasks)
 
 
 async def test_the_engines_steps_after_a_change_size_the_next_probe():
-    import asyncio
 
     clock = Clock()
     steps = StepLatencyLog()
@@ -278,9 +283,7 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
         "request_steps": 8,
         "decode_gaps": 1.0,
     }
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _cancel(tasks)
 
 
 def test_a_cut_on_the_engines_steps_sees_only_the_last_seconds():
@@ -379,7 +382,6 @@ def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
 
 
 async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_run_fast():
-    import asyncio
     import dataclasses
 
     clock = Clock()
@@ -403,6 +405,4 @@ async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_r
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
     assert "p99 TPOT 450 ms is from a slower engine" in d.reason
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _cancel(tasks)
