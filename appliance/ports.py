@@ -60,10 +60,17 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     def step_latency(
-        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+        self,
+        since_s: float,
+        *,
+        min_steps: int = 0,
+        floor_s: float = -math.inf,
+        request_floor_s: float | None = None,
     ) -> StepLatency:
         """The engine's steps since since_s (monotonic clock): live TPOT and TTFT; back to
-        the last min_steps decode steps where fewer are since it, never before floor_s."""
+        the last min_steps decode steps where fewer are since it, never before floor_s; a
+        request's TPOT back over a request's decode, never before request_floor_s (floor_s
+        where None)."""
 
     def num_unfinished(self) -> int: ...
 

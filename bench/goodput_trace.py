@@ -233,9 +233,17 @@ async def calibrate(session: aiohttp.ClientSession, target: Target) -> Calibrati
 
 @dataclass(frozen=True)
 class PhaseResult:
+    """One segment's requests (by when they were sent): how many were good, and why the rest
+    were not. A request late on both objectives counts in both. Files from before these
+    counts were kept load with them at 0."""
+
     segment: int
     sent: int
     good: int
+    ok: int = 0  # served (a 200), in time or not
+    late_ttft: int = 0  # served with a first token past the TTFT objective
+    late_tpot: int = 0  # served with a TPOT past its objective
+    rejected: int = 0  # refused with a 429
 
 
 @dataclass(frozen=True)
@@ -281,7 +289,21 @@ def summarise(
     phases = []
     for i in range(len(trace.segments)):
         idx = [k for k, a in enumerate(arrivals) if a.segment == i]
-        phases.append(PhaseResult(i, len(idx), sum(good_flags[k] for k in idx)))
+        served = [samples[k] for k in idx if samples[k].ok]
+        phases.append(
+            PhaseResult(
+                i,
+                len(idx),
+                sum(good_flags[k] for k in idx),
+                ok=len(served),
+                late_ttft=sum(s.ttft_s is not None and s.ttft_s > slo.ttft_s for s in served),
+                late_tpot=sum(
+                    slo.tpot_s is not None and s.tpot_s is not None and s.tpot_s > slo.tpot_s
+                    for s in served
+                ),
+                rejected=sum(samples[k].status == 429 for k in idx),
+            )
+        )
     rejected = sum(s.status == 429 for s in samples)
     good = sum(good_flags)
     return TraceRun(
@@ -601,7 +623,11 @@ async def run_trace_arms(
         log(
             f"  {trace.name:<14} {arm:<10} seed {seed}: goodput {run.goodput_rps:.2f} req/s "
             f"({run.good}/{run.sent} good, {run.rejected} 429, {run.failed} failed; per phase "
-            + ", ".join(f"{p.good}/{p.sent}" for p in run.phases)
+            + ", ".join(
+                f"{p.good}/{p.sent} (late TTFT {p.late_ttft}, late TPOT {p.late_tpot}, "
+                f"429 {p.rejected})"
+                for p in run.phases
+            )
             + ")"
             + ("" if scored else " [reuse check, not scored]")
         )

@@ -139,9 +139,16 @@ class FakeEngine:
         return EngineStats(running=len(self.running))
 
     def step_latency(
-        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+        self,
+        since_s: float,
+        *,
+        min_steps: int = 0,
+        floor_s: float = -math.inf,
+        request_floor_s: float | None = None,
     ) -> StepLatency:
-        return self.steps.since(since_s, min_steps=min_steps, floor_s=floor_s)
+        return self.steps.since(
+            since_s, min_steps=min_steps, floor_s=floor_s, request_floor_s=request_floor_s
+        )
 
     def num_unfinished(self) -> int:
         return len(self.running)

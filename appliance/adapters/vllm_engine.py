@@ -294,9 +294,16 @@ class VllmEngine:
         return self._sink.latest
 
     def step_latency(
-        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+        self,
+        since_s: float,
+        *,
+        min_steps: int = 0,
+        floor_s: float = -math.inf,
+        request_floor_s: float | None = None,
     ) -> StepLatency:
-        return self._sink.steps.since(since_s, min_steps=min_steps, floor_s=floor_s)
+        return self._sink.steps.since(
+            since_s, min_steps=min_steps, floor_s=floor_s, request_floor_s=request_floor_s
+        )
 
     def num_unfinished(self) -> int:
         return int(self._llm.get_num_unfinished_requests()) if self._llm else 0

@@ -309,6 +309,10 @@ class ControlInputs:
     # live_request_steps how many steps it was measured on.
     live_request_tpot_s: float | None = None
     live_request_steps: int | None = None
+    # The decode gaps (steps) of a request, from the engine's log: live_request_steps under
+    # this is part of a request's decode, its missing steps filled at their median. None:
+    # not known (too few requests in the log).
+    live_decode_gaps: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -323,6 +327,7 @@ class ControlInputs:
             "live_ttft_p99_s",
             "live_batch",
             "live_request_tpot_s",
+            "live_decode_gaps",
         ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -571,6 +576,9 @@ class _Tick:
     kv: float
     # The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
     live_over: tuple[float, str] | None = None
+    # The p99 TPOT a cut judges (_tail_for_cuts), and whose it is ("" for the window's).
+    cut_tpot: float | None = None
+    cut_tpot_source: str = ""
 
     def finish(self, base: int, action: Action, reason: str, **updates: Any) -> ControlDecision:
         """The decision for a new base limit (updates go to the next state)."""
@@ -611,6 +619,8 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         state = replace(state, barrier=False, retrying_since_tick=None)
     enough = inputs.requests_in_window >= cfg.min_samples
     limit = derated(inputs.current_limit, inputs.derate_factor)
+    tpot = inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None
+    cut_tpot, cut_tpot_source = _tail_for_cuts(cfg, inputs, state, tpot)
     return _Tick(
         cfg=cfg,
         inputs=inputs,
@@ -621,10 +631,37 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         base=inputs.current_limit,
         limit=limit,
         ttft=inputs.ttft_p99_s if enough else None,
-        tpot=inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None,
+        tpot=tpot,
         kv=inputs.kv_cache_usage_ratio,
         live_over=_live_overshoot(cfg, inputs, limit),
+        cut_tpot=cut_tpot,
+        cut_tpot_source=cut_tpot_source,
     )
+
+
+def _tail_for_cuts(
+    cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState, window_tpot: float | None
+) -> tuple[float | None, str]:
+    """The p99 TPOT a cut judges, and whose it is: the window's; after a cut, that of the
+    requests admitted since it (None under min_samples, where the loop measures them).
+
+    A request's TPOT is its whole decode's: the ones that finish in the seconds after a cut
+    decoded mostly before it, at the limit cut from, and their tail says nothing of the
+    limit the cut landed on. Judged on them, one breach was cut two and three times over:
+    on thermal's hot room 43 -> 32 on the steps, then 32 -> 24 on a p99 of 654 ms from the
+    requests that ran at 43; 35 -> 22, then 22 -> 21 on 553 ms from those at 35 (and a
+    one-step cut makes the next mild breach a full one, _mild_cut_did_not_hold), while
+    static 32 served 52-108 requests of that phase in time to the controller's 33-55
+    (docs/benchmarks.md, goodput_trace_history_thermal, seeds 0 and 2). The engine's steps
+    judge the new limit within a tick or two meanwhile."""
+    after_cut = state.last_decrease_tick is not None and (
+        state.last_decrease_tick == state.last_change_tick
+    )
+    if window_tpot is None or not after_cut or inputs.fresh_requests is None:
+        return window_tpot, ""
+    if inputs.fresh_requests < cfg.min_samples or inputs.fresh_tpot_p99_s is None:
+        return None, ""
+    return inputs.fresh_tpot_p99_s, f" of the {inputs.fresh_requests} admitted since the cut"
 
 
 def _clamp(t: _Tick) -> ControlDecision | None:
@@ -655,8 +692,11 @@ def _breaches(t: _Tick) -> list[str]:
         causes.append(f"KV cache {t.kv:.0%} > {cfg.kv_high_ratio:.0%}")
     if t.ttft is not None and t.ttft > cfg.slo_ttft_p99_s:
         causes.append(f"p99 TTFT {_fmt_s(t.ttft)} > SLO {_fmt_s(cfg.slo_ttft_p99_s)}")
-    if t.tpot is not None and cfg.slo_tpot_p99_s is not None and t.tpot > cfg.slo_tpot_p99_s:
-        causes.append(f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}")
+    if _tpot_over(cfg, t.cut_tpot):
+        assert t.cut_tpot is not None and cfg.slo_tpot_p99_s is not None
+        causes.append(
+            f"p99 TPOT{t.cut_tpot_source} {_fmt_s(t.cut_tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)}"
+        )
     if t.live_over is not None:
         causes.append(t.live_over[1])
     return causes
@@ -692,10 +732,13 @@ def _live_overshoot(
         return None
     worst = max(r for r, _ in parts)
     what = " and ".join(w for _, w in parts)
-    steps = inputs.live_steps
+    steps, part = inputs.live_steps, ""
     if inputs.live_request_tpot_s is not None and inputs.live_request_steps:
         steps = inputs.live_request_steps
-    return worst, f"the engine's last {steps} steps: {what}"
+        if not _steps_cover_a_request(inputs):
+            assert inputs.live_decode_gaps is not None
+            part = f" (of a request's {inputs.live_decode_gaps:.0f})"
+    return worst, f"the engine's last {steps} steps{part}: {what}"
 
 
 def _cut_tpot(inputs: ControlInputs) -> float | None:
@@ -715,9 +758,24 @@ def _tpot_over(cfg: ControllerConfig, tpot_s: float | None) -> bool:
     return tpot_s is not None and cfg.slo_tpot_p99_s is not None and tpot_s > cfg.slo_tpot_p99_s
 
 
+def _steps_cover_a_request(inputs: ControlInputs) -> bool:
+    """The steps a request's TPOT was read on are as many as a request decodes (or a
+    request's length is not known): what a request through them saw, not a few steps'
+    reading stretched over a whole decode."""
+    gaps = inputs.live_decode_gaps
+    if gaps is None or inputs.live_request_tpot_s is None:
+        return True
+    return (inputs.live_request_steps or 0) >= gaps
+
+
 def _steps_mean_over(t: _Tick) -> bool:
-    """The engine's steps, judged this tick, give a request's TPOT (a mean) over the SLO."""
-    return t.live_over is not None and _tpot_over(t.cfg, _cut_tpot(t.inputs))
+    """The engine's steps, judged this tick, give a request's TPOT (a mean) over the SLO, on
+    as many steps as a request decodes."""
+    return (
+        t.live_over is not None
+        and _tpot_over(t.cfg, _cut_tpot(t.inputs))
+        and _steps_cover_a_request(t.inputs)
+    )
 
 
 def _is_mild(t: _Tick) -> bool:
@@ -728,13 +786,22 @@ def _is_mild(t: _Tick) -> bool:
     missing. Taken as mild, thermal's cool phase on a box of 4 req/s sat at 61 -> 60 -> 59
     -> 58 over 34 s, its steps at 516-529 ms against 500, and served 60 good requests where
     static 32 served 99
-    (docs/benchmarks.md, goodput_trace_ceil_thermal, seed 0)."""
+    (docs/benchmarks.md, goodput_trace_ceil_thermal, seed 0).
+
+    A mean on fewer steps than a request decodes is a few seconds of the engine, its
+    missing steps filled at their median: a burst of slow steps reads as a whole request's.
+    In thermal's hot room the CPU neighbours slow the engine in spikes of a few seconds
+    (steps of 0.5-1.5 s among steps of 0.3-0.4 s): 8-12 steps read 520-630 ms, and each
+    was a full cut, 35 -> 22 and 21 -> 13 (seed 0), 43 -> 32 and 23 -> 16 (seed 2), where
+    static 32's requests, each through ~32 steps, met the SLO (docs/benchmarks.md,
+    goodput_trace_history_thermal). Such a reading within mild_breach_ratio is one step;
+    again with no tick between that judged the SLO kept, the full cut (_back_off)."""
     if _steps_mean_over(t):
         return False
     cfg = t.cfg
     worst = max(
         (t.ttft or 0.0) / cfg.slo_ttft_p99_s,
-        (t.tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
+        (t.cut_tpot or 0.0) / cfg.slo_tpot_p99_s if cfg.slo_tpot_p99_s else 0.0,
         0.0 if t.live_over is None else t.live_over[0],
     )
     return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
@@ -872,6 +939,12 @@ def _probe_blocker(t: _Tick) -> str | None:
             f"p99 TTFT {_fmt_s(t.ttft)} within SLO {_fmt_s(cfg.slo_ttft_p99_s)} "
             f"(probing needs < {_fmt_s(ttft_probe)})"
         )
+    if _tpot_over(cfg, t.tpot) and not _tpot_over(cfg, t.cut_tpot):
+        assert t.tpot is not None and cfg.slo_tpot_p99_s is not None
+        return (
+            f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)} from requests "
+            f"admitted before the last cut ({_fresh_after_cut(t)})"
+        )
     if _tpot_in_dead_band(t) and not _tail_is_history(t):
         assert t.tpot is not None and cfg.slo_tpot_p99_s is not None  # in the dead band
         return (
@@ -886,6 +959,15 @@ def _probe_blocker(t: _Tick) -> str | None:
     if t.kv >= cfg.kv_probe_max_ratio:
         return f"KV cache {t.kv:.0%}, probing needs < {cfg.kv_probe_max_ratio:.0%}"
     return None
+
+
+def _fresh_after_cut(t: _Tick) -> str:
+    """What the requests admitted since the last cut show, for a hold's reason."""
+    cfg, inputs = t.cfg, t.inputs
+    fresh = inputs.fresh_requests or 0
+    if fresh < cfg.min_samples or t.cut_tpot is None:
+        return f"{fresh} of those admitted since have finished, {cfg.min_samples} needed"
+    return f"p99 TPOT{t.cut_tpot_source} {_fmt_s(t.cut_tpot)}"
 
 
 def _tpot_in_dead_band(t: _Tick) -> bool:

@@ -88,7 +88,12 @@ class StepLatencyLog:
             self._steps.popleft()
 
     def since(
-        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+        self,
+        since_s: float,
+        *,
+        min_steps: int = 0,
+        floor_s: float = -math.inf,
+        request_floor_s: float | None = None,
     ) -> StepLatency:
         """The steps at or after since_s; where fewer than min_steps decode steps are, back
         to the last min_steps of them, but never before floor_s.
@@ -99,13 +104,19 @@ class StepLatencyLog:
         slowly was then judged on finished requests only, a whole request (~30 s) late.
 
         The request TPOT reaches back as many decode steps as a request decodes, where the
-        log knows its length (module docstring), also never before floor_s."""
+        log knows its length (module docstring), never before request_floor_s (floor_s
+        where None): the caller may let a request's decode reach further back than the
+        steps that judge the moment."""
         logged = tuple(self._steps)
         steps = tuple(s for s in logged if s.ts_s >= floor_s)
         span = _reach_back(steps, since_s, min_steps)
         gaps = decode_gaps(logged)
         wanted = max(min_steps, math.ceil(gaps)) if gaps is not None and min_steps > 0 else 0
-        request_span = _reach_back(steps, since_s, wanted) if wanted > min_steps else span
+        request_span = span
+        if wanted > min_steps:
+            request_floor = floor_s if request_floor_s is None else request_floor_s
+            reachable = tuple(s for s in logged if s.ts_s >= request_floor)
+            request_span = _reach_back(reachable, since_s, wanted)
         itl_count = sum(s.itl_count for s in span)
         ttfts = [t for s in span for t in s.ttfts_s]
         return StepLatency(

@@ -33,7 +33,12 @@ class StepLatencySource(Protocol):
     """Engine.step_latency, or None while no engine runs (Supervisor.step_latency)."""
 
     def __call__(
-        self, since_s: float, *, min_steps: int = ..., floor_s: float = ...
+        self,
+        since_s: float,
+        *,
+        min_steps: int = ...,
+        floor_s: float = ...,
+        request_floor_s: float | None = ...,
     ) -> StepLatency | None: ...
 
 
@@ -220,7 +225,12 @@ class ControlLoop:
         # The engine's steps since the last change, and no older than live_span_s: a probe
         # needs what ran under the limit in force, a cut what runs now. Where fewer than
         # live_min_steps fit in the span (slow steps: a TPOT over its SLO), back to that
-        # many, as far as they take at twice the TPOT SLO.
+        # many, as far as they take at twice the TPOT SLO. A request's TPOT reaches back
+        # over as many steps as a request decodes, however long they took, to the last
+        # change: every step since ran under the limit in force. Held to the reach, a
+        # request's decode (32 steps of 0.3-0.5 s) was never there, its TPOT was a dozen
+        # steps, and a burst of slow steps (a CPU neighbour's spike in thermal's hot room)
+        # read as every request missing (docs/benchmarks.md, goodput_trace_history_thermal).
         floor = since if since is not None else now - self.cfg.window_s
         # Nor from before the requests admitted under the old limit finished: draining,
         # the engine prefills nothing and its steps run fast (after a cut from 64 to 37 on
@@ -228,7 +238,7 @@ class ControlLoop:
         if self.state.over_limit_s is not None:
             floor = max(floor, self.state.over_limit_s)
         live = self.live = self._live(
-            max(floor, now - self.cfg.live_span_s), max(floor, now - self._live_reach_s())
+            max(floor, now - self.cfg.live_span_s), max(floor, now - self._live_reach_s()), floor
         )
         snap = self._admission.snapshot()
         inputs = ControlInputs(
@@ -246,6 +256,7 @@ class ControlLoop:
             live_batch=None if live is None else live.batch_mean,
             live_request_tpot_s=None if live is None else live.request_tpot_s,
             live_request_steps=None if live is None else live.request_steps,
+            live_decode_gaps=None if live is None else live.decode_gaps,
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -290,12 +301,18 @@ class ControlLoop:
             return cfg.live_span_s
         return max(cfg.live_span_s, 2 * cfg.live_min_steps * cfg.slo_tpot_p99_s)
 
-    def _live(self, since_s: float, floor_s: float) -> StepLatency | None:
+    def _live(self, since_s: float, floor_s: float, request_floor_s: float) -> StepLatency | None:
         """The engine's steps since since_s, back to live_min_steps of them but not before
-        floor_s; None when no engine reports them."""
+        floor_s, and a request's TPOT not before request_floor_s; None when no engine
+        reports them."""
         if self._step_latency is None:
             return None
-        return self._step_latency(since_s, min_steps=self.cfg.live_min_steps, floor_s=floor_s)
+        return self._step_latency(
+            since_s,
+            min_steps=self.cfg.live_min_steps,
+            floor_s=floor_s,
+            request_floor_s=request_floor_s,
+        )
 
     def _steer_prefill(self, now_s: float) -> None:
         """The prefill budget for this tick; an event when it switches or moves by > 25 %."""

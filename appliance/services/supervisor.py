@@ -71,14 +71,21 @@ class EngineSupervisor:
         return self._engine
 
     def step_latency(
-        self, since_s: float, *, min_steps: int = 0, floor_s: float = -math.inf
+        self,
+        since_s: float,
+        *,
+        min_steps: int = 0,
+        floor_s: float = -math.inf,
+        request_floor_s: float | None = None,
     ) -> StepLatency | None:
         """The running engine's steps since since_s (Engine.step_latency); None while there
         is no engine."""
         if self._engine is None:
             return None
         try:
-            return self._engine.step_latency(since_s, min_steps=min_steps, floor_s=floor_s)
+            return self._engine.step_latency(
+                since_s, min_steps=min_steps, floor_s=floor_s, request_floor_s=request_floor_s
+            )
         except Exception:  # an engine going down mid-call is the same as none
             return None
 

@@ -351,9 +351,12 @@ def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():
     assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
 
 
-def _tick_after_a_change_on(gaps_s: list[float]) -> tuple[ControlDecision, int]:
-    """A chat load's history (8 requests over 48 steps of 4), a change 9 s ago, then one
-    engine step a second at these gaps (4 requests a step); one tick (TPOT SLO 0.5 s)."""
+def _tick_after_a_change_on(
+    gaps_s: list[float], change_ago_s: float = 9.0
+) -> tuple[ControlDecision, int]:
+    """A chat load's history (8 requests over 48 steps of 4, from 60 s ago), a change
+    change_ago_s ago, then one engine step a second at these gaps (4 requests a step, a new
+    one every 7); one tick (TPOT SLO 0.5 s)."""
     import dataclasses
 
     clock = Clock()
@@ -361,24 +364,36 @@ def _tick_after_a_change_on(gaps_s: list[float]) -> tuple[ControlDecision, int]:
     loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
     clock.now_s = 100.0
     for i in range(48):
-        steps.add(42.0 + i, (0.2,) * 4, (0.5,) if i % 6 == 0 else ())
-    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 9)
+        steps.add(40.0 + 0.5 * i, (0.2,) * 4, (0.5,) if i % 6 == 0 else ())
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - change_ago_s)
     for i, gap in enumerate(gaps_s):
-        steps.add(clock.now_s - len(gaps_s) + i, (gap,) * 4, ())
+        # A request starts every 7 steps, as it ends: a request's decode stays 28 gaps.
+        steps.add(clock.now_s - len(gaps_s) + i, (gap,) * 4, (0.5,) if i % 7 == 6 else ())
     return loop.tick(), admission.base_limit
 
 
 def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
     # Eight steps since the change read 0.55 s on average, over the 0.5 s SLO, because one of
-    # them prefilled a wave of prompts (3 s). A request decodes 28 gaps (224 over 8 first
+    # them prefilled a wave of prompts (3 s). A request decodes 25 gaps (224 over 9 first
     # tokens); through these steps and typical ones after them it sees 0.3 s: no cut (the
     # span's mean cut to half).
     d, base = _tick_after_a_change_on([0.2, 0.2, 3.0, 0.2, 0.2, 0.2, 0.2, 0.2])
     assert d.action is not Action.DOWN and base == 4, d.reason
     # Every step at 0.6 s: the box slowed, and the steps say so before a request finishes.
+    # Eight steps are a few seconds of a request's 25: a spike of a CPU neighbour reads the
+    # same, so within 1.25x of the SLO the cut is one step.
     d, base = _tick_after_a_change_on([0.6] * 8)
+    assert (d.action, base) == (Action.DOWN, 3), d.reason
+    assert "the engine's last 8 steps (of a request's 25): TPOT 600 ms > SLO 500 ms" in d.reason
+    assert "(mild, within 1.25x: one step)" in d.reason
+    # The same steps over a whole request's decode since the change (30 s ago, past the 8 s
+    # the steps that judge the moment reach): every request through them misses, the cut.
+    d, base = _tick_after_a_change_on([0.6] * 30, change_ago_s=31.0)
     assert (d.action, base) == (Action.DOWN, 2), d.reason
-    assert "the engine's last 8 steps: TPOT 600 ms > SLO 500 ms" in d.reason
+    assert "the engine's last 26 steps: TPOT 600 ms > SLO 500 ms (a mean" in d.reason
+    # Far over the SLO (1.5x) on a few steps: no spike to wait out, the full cut at once.
+    d, base = _tick_after_a_change_on([0.75] * 8)
+    assert (d.action, base) == (Action.DOWN, 2), d.reason
 
 
 async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_run_fast():

@@ -833,6 +833,59 @@ def test_a_cut_judges_a_requests_tpot_through_the_steps_and_a_probe_the_spans_me
         inputs(live_request_tpot_s=-1.0)
 
 
+def test_a_requests_tpot_on_part_of_its_decode_a_little_over_the_slo_is_one_step():
+    # 12 steps of a request's 31 give 220 ms (1.1x the SLO): the rest filled at their median,
+    # a spike of a few seconds reads as a whole request's. One step, as for a tail.
+    part = {**_live(12, 0.22, 0.3), "live_request_tpot_s": 0.22, "live_request_steps": 12}
+    d = step(inputs(limit=32, **part, live_decode_gaps=31.0), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 31), d.reason
+    assert "the engine's last 12 steps (of a request's 31): TPOT 220 ms" in d.reason
+    assert "(mild, within 1.25x: one step)" in d.reason
+    # The same over a request's whole decode: every request through them missed, the cut.
+    whole = {**part, "live_request_steps": 31}
+    d = step(inputs(limit=32, **whole, live_decode_gaps=31.0), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 23), d.reason
+    assert "(a mean, not a tail: the full cut)" in d.reason
+    # Far over (1.4x) on part of a decode: no spike is that long, the sized cut at once.
+    far = {**part, "live_request_tpot_s": 0.28}
+    d = step(inputs(limit=32, **far, live_decode_gaps=31.0), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+    # A request's length not known: its TPOT stands for a whole request, as before.
+    d = step(inputs(limit=32, **part), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 23), d.reason
+    with pytest.raises(ValueError, match="live_decode_gaps"):
+        inputs(live_decode_gaps=float("nan"))
+
+
+def test_after_a_cut_a_tail_cuts_again_only_from_requests_admitted_since():
+    # The last change was a cut, 10 ticks (20 s) ago: the window's p99 TPOT (1.3x the SLO)
+    # is of requests that decoded mostly before it, at the limit it cut from.
+    cut = settled(tick=100, last_change_tick=90, last_decrease_tick=90, last_change_s=180.0)
+    stale = {"ttft": 0.5, "tpot": 0.26, "now_s": 200.0}
+    few = {"fresh_requests": 3, "fresh_ttft_p99_s": 0.5, "fresh_tpot_p99_s": 0.26}
+    d = step(inputs(limit=24, **stale, **few), cut, FAST)
+    assert (d.action, d.limit) == (Action.HOLD, 24), d.reason
+    assert "p99 TPOT 260 ms > SLO 200 ms from requests admitted before the last cut" in d.reason
+    assert "3 of those admitted since have finished, 8 needed" in d.reason
+    # Those admitted since keep the SLO: still no cut, and no probe on that tail either.
+    kept = {**few, "fresh_requests": 10, "fresh_tpot_p99_s": 0.15}
+    d = step(inputs(limit=24, **stale, **kept), cut, FAST)
+    assert (d.action, d.limit) == (Action.HOLD, 24), d.reason
+    assert "(p99 TPOT of the 10 admitted since the cut 150 ms)" in d.reason
+    # They break it too: the cut, on their p99 (1.3x: one full cut, 24 -> 18).
+    broke = {**few, "fresh_requests": 10}
+    d = step(inputs(limit=24, **stale, **broke), cut, FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+    assert "p99 TPOT of the 10 admitted since the cut 260 ms > SLO 200 ms" in d.reason
+    # After a probe, or where the loop does not measure fresh requests, the window's tail
+    # cuts as before.
+    probed = replace(cut, last_decrease_tick=80)
+    d = step(inputs(limit=24, **stale, **few), probed, FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+    d = step(inputs(limit=24, **stale), cut, FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 18), d.reason
+
+
 def test_a_live_cut_never_goes_below_half_the_limit_nor_cuts_less_than_a_plain_one():
     # Twice the SLO would size 0.4x: held at live_cut_floor_ratio, half.
     d = step(inputs(limit=32, **_live(20, 0.4, 0.3)), settled(), FAST)

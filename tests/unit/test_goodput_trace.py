@@ -6,9 +6,11 @@ import json
 
 import pytest
 
+from appliance.bench_runner import RequestSample
 from bench.goodput import GoodputSlo
 from bench.goodput_trace import (
     TRACES_DIR,
+    Arrival,
     PhaseResult,
     TraceRun,
     arm_bodies,
@@ -16,6 +18,7 @@ from bench.goodput_trace import (
     load_trace,
     parse_trace,
     schedule,
+    summarise,
 )
 
 
@@ -92,6 +95,30 @@ def test_the_controller_arm_starts_from_the_chosen_limit() -> None:
 
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
     return TraceRun("t", arm, seed, 10, 1, 1, 1, 0, 0, goodput, None, None, (PhaseResult(0, 1, 1),))
+
+
+def _sample(status: int, ttft_s: float | None = None, tpot_s: float | None = None) -> RequestSample:
+    ok = status == 200
+    return RequestSample(ok, "chat", status, None, 100, 32 if ok else 0, ttft_s, tpot_s, 1.0, 0.0)
+
+
+def test_each_phase_says_why_its_requests_were_not_good() -> None:
+    trace = parse_trace({"name": "t", "segments": [_seg(), _seg()]})
+    arrivals = [Arrival(float(i), 100, 0 if i < 4 else 1) for i in range(6)]
+    samples = [
+        _sample(200, 1.0, 0.1),  # good
+        _sample(200, 6.0, 0.1),  # late first token
+        _sample(200, 6.0, 0.9),  # late on both
+        _sample(429),
+        _sample(200, 1.0, 0.6),  # slow decode
+        _sample(200, 1.0, 0.2),  # good
+    ]
+    run = summarise(trace, "controller", 0, arrivals, samples, GoodputSlo(5.0, 0.5))
+    assert run.phases == (
+        PhaseResult(0, 4, 1, ok=3, late_ttft=2, late_tpot=1, rejected=1),
+        PhaseResult(1, 2, 1, ok=2, late_ttft=0, late_tpot=1, rejected=0),
+    )
+    assert (run.good, run.ok, run.rejected) == (2, 5, 1)
 
 
 def test_cells_take_the_best_static_of_seed_zero_and_medians() -> None:

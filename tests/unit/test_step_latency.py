@@ -91,6 +91,23 @@ def test_one_wave_step_among_few_is_not_a_requests_tpot():
     assert got.request_tpot_s < 0.3
 
 
+def test_a_requests_tpot_may_reach_back_past_the_floor_of_the_steps_that_judge_the_moment():
+    log = _chat_log()
+    for i in range(62, 66):
+        log.add(float(i), (1.0,) * 4, ())  # a spike of 4 slow steps (a CPU neighbour)
+    # The moment's steps reach back 8 steps, not before 58; a request's (33 gaps now) to
+    # 20 (say the last change): its last 33 steps, 29 of them at 0.2 s and the spike.
+    got = log.since(64.0, min_steps=8, floor_s=58.0, request_floor_s=20.0)
+    assert got.steps == 8 and got.itl_mean_s == pytest.approx(0.6)
+    assert got.decode_gaps == pytest.approx(33.0) and got.request_steps == 33
+    assert got.request_tpot_s == pytest.approx((29 * 0.2 + 4 * 1.0) / 33)
+    # Without it, the request's floor is the moment's: 8 steps, the other 25 at their
+    # median (0.6 s): the spike reads as a whole request's.
+    got = log.since(64.0, min_steps=8, floor_s=58.0)
+    assert got.request_steps == 8
+    assert got.request_tpot_s == pytest.approx(0.6)
+
+
 def test_a_slowdown_moves_the_median_with_it():
     log = _chat_log()
     for i in range(62, 70):
