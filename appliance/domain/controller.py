@@ -11,6 +11,10 @@ AIMD with memory. Each tick, in `auto` mode:
   the full cut then (a limit started high would otherwise meet the SLO one step a hold).
   The TPOT a request sees through the engine's steps (a mean over its decode, not a p99)
   over its SLO is never mild: that is no tail but the typical running request missing.
+  Read on fewer steps than a request decodes (just after a change) it is a few seconds of
+  the engine, and within mild_breach_ratio one step, as a tail. After a cut, a p99 TPOT
+  cuts again only from the requests admitted since it: the ones that finish first decoded
+  at the limit cut from.
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
