@@ -126,9 +126,15 @@ class GoodputSlo:
 
     def good(self, s: RequestSample) -> bool:
         """The request succeeded within the TTFT and TPOT objectives."""
-        if not s.ok or s.ttft_s is None or s.ttft_s > self.ttft_s:
-            return False
-        return self.tpot_s is None or s.tpot_s is None or s.tpot_s <= self.tpot_s
+        return s.ok and s.ttft_s is not None and not self.late_ttft(s) and not self.late_tpot(s)
+
+    def late_ttft(self, s: RequestSample) -> bool:
+        """Its first token came past the TTFT objective."""
+        return s.ttft_s is not None and s.ttft_s > self.ttft_s
+
+    def late_tpot(self, s: RequestSample) -> bool:
+        """Its tokens after the first came slower than the TPOT objective (where there is one)."""
+        return self.tpot_s is not None and s.tpot_s is not None and s.tpot_s > self.tpot_s
 
 
 @dataclass(frozen=True)

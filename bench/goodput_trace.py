@@ -296,11 +296,8 @@ def summarise(
                 len(idx),
                 sum(good_flags[k] for k in idx),
                 ok=len(served),
-                late_ttft=sum(s.ttft_s is not None and s.ttft_s > slo.ttft_s for s in served),
-                late_tpot=sum(
-                    slo.tpot_s is not None and s.tpot_s is not None and s.tpot_s > slo.tpot_s
-                    for s in served
-                ),
+                late_ttft=sum(slo.late_ttft(s) for s in served),
+                late_tpot=sum(slo.late_tpot(s) for s in served),
                 rejected=sum(samples[k].status == 429 for k in idx),
             )
         )

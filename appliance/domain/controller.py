@@ -966,11 +966,11 @@ def _probe_blocker(t: _Tick) -> str | None:
 
 
 def _fresh_after_cut(t: _Tick) -> str:
-    """What the requests admitted since the last cut show, for a hold's reason."""
-    cfg, inputs = t.cfg, t.inputs
-    fresh = inputs.fresh_requests or 0
-    if fresh < cfg.min_samples or t.cut_tpot is None:
-        return f"{fresh} of those admitted since have finished, {cfg.min_samples} needed"
+    """What the requests admitted since the last cut show, for a hold's reason (their p99
+    is there once _tail_for_cuts found enough of them)."""
+    if t.cut_tpot is None:
+        fresh = t.inputs.fresh_requests or 0
+        return f"{fresh} of those admitted since have finished, {t.cfg.min_samples} needed"
     return f"p99 TPOT{t.cut_tpot_source} {_fmt_s(t.cut_tpot)}"
 
 

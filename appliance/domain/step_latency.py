@@ -114,8 +114,9 @@ class StepLatencyLog:
         wanted = max(min_steps, math.ceil(gaps)) if gaps is not None and min_steps > 0 else 0
         request_span = span
         if wanted > min_steps:
-            request_floor = floor_s if request_floor_s is None else request_floor_s
-            reachable = tuple(s for s in logged if s.ts_s >= request_floor)
+            reachable = steps
+            if request_floor_s is not None and request_floor_s != floor_s:
+                reachable = tuple(s for s in logged if s.ts_s >= request_floor_s)
             request_span = _reach_back(reachable, since_s, wanted)
         itl_count = sum(s.itl_count for s in span)
         ttfts = [t for s in span for t in s.ttfts_s]
