@@ -56,9 +56,11 @@ lowers the operating point at once: effective <= floor(max_limit x derate). Whil
 it probes only to win back its own cuts, never above the base it had when the derate
 began: a slower hot box breaks the SLO at its old batch, the controller cuts, and without
 this it would sit at that cut until the derate ends (a dwell of minutes) however much the
-load eased. A derate that begins within `window_s` of SLO cuts takes them over (a GPU slows
-as it heats, before the policy trips): its ceiling is the highest base cut from, and those
-cuts' breaking point is let go. In `manual` mode the base is the operator's limit.
+load eased. A derate that begins while SLO cuts are remembered (`retry_ticks`) takes them
+over (a GPU slows as it heats, before the policy trips): its ceiling is the highest base
+cut from, and those cuts' breaking point is let go. A breach's memory also goes once the
+box runs much faster than the one that broke it (`stale_breach_step_ratio`). In `manual`
+mode the base is the operator's limit.
 """
 
 from __future__ import annotations
@@ -137,6 +139,13 @@ class ControllerConfig:
     hold_ticks_after_decrease: int = 3
     retry_ticks: int = 30
     retry_ticks_max: int = 480
+    # A breach's memory (its breaking point and the slow-start threshold) goes once the
+    # engine runs a step for each running request in at most this share of the time it took
+    # when the SLO broke (on as many steps as a request decodes): the box that broke it was
+    # slower (a hot room, a neighbour), and its limit says nothing of this one. A limit cut
+    # by a quarter runs each request's step in about the same time (a little more: a step's
+    # fixed part is shared by fewer), so noise on a steady load stays well above 0.6.
+    stale_breach_step_ratio: float = 0.6
     window_s: float = 30.0
     min_samples: int = 8
     tick_s: float = 2.0
@@ -213,6 +222,20 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
     for name in ("hold_ticks_after_increase", "hold_ticks_after_decrease", "fast_probe_hold_ticks"):
         if getattr(cfg, name) < 0:
             problems.append(Problem(name, f"must be >= 0, got {getattr(cfg, name)}"))
+    problems.extend(_memory_problems(cfg))
+    for name in ("window_s", "tick_s"):
+        if not getattr(cfg, name) > 0:
+            problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
+    if cfg.min_samples < 1:
+        problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
+    problems.extend(_live_problems(cfg))
+    problems.extend(_admission_problems(cfg))
+    return problems
+
+
+def _memory_problems(cfg: ControllerConfig) -> list[Problem]:
+    """The breach memory's numbers: how long it lasts and when it goes."""
+    problems = []
     if cfg.retry_ticks < 1:
         problems.append(Problem("retry_ticks", f"must be >= 1, got {cfg.retry_ticks}"))
     if cfg.retry_ticks_max < cfg.retry_ticks:
@@ -222,13 +245,13 @@ def _config_problems(cfg: ControllerConfig) -> list[Problem]:
                 f"must be >= {{retry_ticks}} ({cfg.retry_ticks}), got {cfg.retry_ticks_max}",
             )
         )
-    for name in ("window_s", "tick_s"):
-        if not getattr(cfg, name) > 0:
-            problems.append(Problem(name, f"must be > 0, got {getattr(cfg, name)}"))
-    if cfg.min_samples < 1:
-        problems.append(Problem("min_samples", f"must be >= 1, got {cfg.min_samples}"))
-    problems.extend(_live_problems(cfg))
-    problems.extend(_admission_problems(cfg))
+    if not 0 < cfg.stale_breach_step_ratio <= 1:
+        problems.append(
+            Problem(
+                "stale_breach_step_ratio",
+                f"must be in (0, 1], got {cfg.stale_breach_step_ratio}",
+            )
+        )
     return problems
 
 
@@ -400,9 +423,13 @@ class ControllerState:
     # The base the last cut landed on: sized probes stop there while the breach's wait runs
     # (the slow-start threshold); above it, one step a hold.
     cut_landed_base: int | None = None
+    # How long the engine took per step for each running request when the SLO last broke (a
+    # request's TPOT through its steps over the batch): the speed of the box that broke it.
+    # None: the steps were not known then.
+    breach_step_s: float | None = None
     derate_base: int | None = None  # the base limit when the derate in force began
-    # The SLO cuts of the last window_s: (when, the base cut from). A derate that begins
-    # within window_s of a cut takes over that cut's job (_derate_began).
+    # The SLO cuts of the last retry_ticks (_takeover_s): (when, the base cut from). A derate
+    # that begins within that span of a cut takes over that cut's job (_derate_began).
     recent_cuts: tuple[tuple[float, int], ...] = ()
     # The last cut was one step for a mild breach, at this tick, and no tick since judged the
     # SLO kept: a mild breach now means the step was too small.
@@ -520,26 +547,39 @@ def _derate_began(
     let go, why).
 
     The ceiling is the base in force, or the highest base an SLO cut came from within
-    window_s before: a GPU slows as it heats (boost clocks fall before the thermal policy
-    trips at 85 °C), so the SLO cuts just before a derate were the same heat, and the derate
-    now does their job. Counting both cut the load twice, and the second for as long as the
-    derate lasts: on thermal the steps broke the SLO at 27 as the room heated, the cut
-    landed on 17, and the derate found 17; after the hot room the box was fast again but
-    ran 12-16 (17 x the derate) for the rest of the trace, where static 32 ran 24-30
-    (docs/benchmarks.md, goodput_trace_wave_thermal, seed 0). Those cuts' breaking point
-    and slow-start threshold go too: they were measured on the heating box. The SLO
-    feedback stays in charge under the derate, and a breach there is remembered anew."""
+    _takeover_s before (while that cut's breaking point is remembered): a GPU slows as it
+    heats (boost clocks fall before the thermal policy trips at 85 °C), so the SLO cuts
+    before a derate were the same heat, and the derate now does their job. Counting both cut
+    the load twice, and the second for as long as the derate lasts: on thermal the steps
+    broke the SLO at 27 as the room heated, the cut landed on 17, and the derate found 17;
+    after the hot room the box was fast again but ran 12-16 (17 x the derate) for the rest
+    of the trace, where static 32 ran 24-30 (docs/benchmarks.md, goodput_trace_wave_thermal,
+    seed 0). Those cuts' breaking point and slow-start threshold go too: they were measured
+    on the heating box. The SLO feedback stays in charge under the derate, and a breach
+    there is remembered anew.
+
+    A derate trips only once the core has heated: on thermal the simulated GPU crossed
+    85 °C 20-45 s after the box slowed, and a cut 45 s before it (60 -> 30 as the hot room
+    began) was not taken over within window_s (30 s); the derate then held probes under 30
+    (x0.75: 22) through the cool phase after, where static 32 ran 24 (docs/benchmarks.md,
+    goodput_trace_partial_thermal, seed 0)."""
     base = inputs.current_limit
-    recent = [b for ts, b in state.recent_cuts if inputs.now_s - ts <= cfg.window_s]
+    recent = [b for ts, b in state.recent_cuts if inputs.now_s - ts <= _takeover_s(cfg)]
     if not recent or max(recent) <= base:
         return base, {}, ""
     ceiling = min(cfg.max_limit, max(recent))
     memory = {"barrier": False, "cut_landed_base": None, "mild_cut_tick": None}
     note = (
-        f"the SLO cut from {ceiling} in the last {cfg.window_s:g} s was the same heat: "
+        f"the SLO cut from {ceiling} in the last {_takeover_s(cfg):g} s was the same heat: "
         f"probes may win back up to base {ceiling} under the derate"
     )
     return ceiling, memory, note
+
+
+def _takeover_s(cfg: ControllerConfig) -> float:
+    """How long before a derate an SLO cut counts as the same heat: as long as a breach is
+    remembered (retry_ticks of tick_s)."""
+    return cfg.retry_ticks * cfg.tick_s
 
 
 def _manual(
@@ -583,9 +623,13 @@ class _Tick:
     # The p99 TPOT a cut judges (_tail_for_cuts), and whose it is ("" for the window's).
     cut_tpot: float | None = None
     cut_tpot_source: str = ""
+    # What this tick let go of before it decided (_breach_outlived), for the reason.
+    note: str = ""
 
     def finish(self, base: int, action: Action, reason: str, **updates: Any) -> ControlDecision:
         """The decision for a new base limit (updates go to the next state)."""
+        if self.note:
+            reason = f"{self.note}; {reason}"
         return _finish(
             self.cfg, self.inputs, self.state, self.tick, base, action, reason, **updates
         )
@@ -623,6 +667,7 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         state = replace(state, barrier=False, retrying_since_tick=None)
     enough = inputs.requests_in_window >= cfg.min_samples
     limit = derated(inputs.current_limit, inputs.derate_factor)
+    state, note = _breach_outlived(cfg, inputs, state, limit)
     tpot = inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None
     cut_tpot, cut_tpot_source = _tail_for_cuts(cfg, inputs, state, tpot)
     return _Tick(
@@ -640,7 +685,52 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         live_over=_live_overshoot(cfg, inputs, limit),
         cut_tpot=cut_tpot,
         cut_tpot_source=cut_tpot_source,
+        note=note,
     )
+
+
+def _step_per_request_s(inputs: ControlInputs) -> float | None:
+    """The engine's time per step for each running request: a request's TPOT through the
+    steps over the batch they ran (the box's speed, whatever the limit); None unknown."""
+    tpot, batch = inputs.live_request_tpot_s, inputs.live_batch
+    if tpot is None or batch is None or batch < 1:
+        return None
+    return tpot / batch
+
+
+def _breach_outlived(
+    cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState, limit: int
+) -> tuple[ControllerState, str]:
+    """Let a breach's memory go once the box runs much faster than the one that broke it:
+    (the state, why; "" when kept).
+
+    The memory keeps probes under the breaking point for retry_ticks, and sized probes under
+    where the cut landed: it stands for the knee of this box. A knee measured on a slower
+    box (a hot room, a busy neighbour) is not this box's: on thermal the hot room's cuts
+    left the controller at 16-22 through the cool phase after it, one step a hold, while a
+    request through the steps took 140-200 ms against the SLO of 500 ms and static 32 ran
+    24 (docs/benchmarks.md, goodput_trace_partial_thermal, seeds 0 and 2). The box's speed
+    is the engine's time per step for each running request, on as many steps as a request
+    decodes: at stale_breach_step_ratio of what it was at the breach or less, the memory
+    goes (the breaking point stays recorded: a retry that breaks it again still doubles
+    the wait)."""
+    then = state.breach_step_s
+    if then is None or not (state.barrier or state.cut_landed_base is not None):
+        return state, ""
+    if not _steps_judge(cfg, inputs, limit) or not _steps_cover_a_request(inputs):
+        return state, ""
+    now = _step_per_request_s(inputs)
+    if now is None or now > cfg.stale_breach_step_ratio * then:
+        return state, ""
+    note = (
+        f"the engine runs a step per running request in {_fmt_s(now)}, {now / then:.0%} of "
+        f"the {_fmt_s(then)} when the SLO broke at base {state.breach_base}: "
+        f"a slower box's breaking point, let go"
+    )
+    released = replace(
+        state, barrier=False, cut_landed_base=None, retrying_since_tick=None, breach_step_s=None
+    )
+    return released, note
 
 
 def _tail_for_cuts(
@@ -906,8 +996,9 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         retry_ticks=_retry_wait_after_breach(t),
         retrying_since_tick=None,
         cut_landed_base=new_base,
+        breach_step_s=_step_per_request_s(t.inputs),
         recent_cuts=(
-            *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < cfg.window_s),
+            *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < _takeover_s(cfg)),
             (t.inputs.now_s, t.base),
         ),
     )

@@ -273,14 +273,15 @@ def test_the_base_a_derate_found_is_kept_until_it_ends():
 
 def test_a_derate_that_begins_just_after_slo_cuts_takes_them_over():
     # The box slowed as it heated: the steps broke the SLO at 27 and the cut landed on 20.
-    cut = step(inputs(limit=27, tpot=0.5, now_s=95.0), settled(), FAST)
+    cut = step(inputs(limit=27, tpot=0.5, now_s=70.0), settled(), FAST)
     assert (cut.action, cut.base_limit) == (Action.DOWN, 20), cut.reason
-    # 20 s later the core reaches 85 °C: the derate does that cut's job now.
+    # 45 s later the core reaches 85 °C (past window_s; within retry_ticks x tick_s, while
+    # the cut's breaking point is remembered): the derate does that cut's job now.
     d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
     assert (d.action, d.limit, d.base_limit) == (Action.DERATE, 15, 20), d.reason
     assert d.state.derate_base == 27
     assert (d.state.barrier, d.state.cut_landed_base) == (False, None)
-    assert "the SLO cut from 27 in the last 30 s was the same heat" in d.reason
+    assert "the SLO cut from 27 in the last 60 s was the same heat" in d.reason
     # Fast again (the hot room is over, the core still warm): probes win back up to 27.
     later = replace(d.state, last_change_tick=d.state.tick - 5)
     d = step(
@@ -292,7 +293,8 @@ def test_a_derate_that_begins_just_after_slo_cuts_takes_them_over():
 
 
 def test_a_derate_long_after_a_cut_keeps_the_base_it_found_and_the_breach():
-    cut = step(inputs(limit=27, tpot=0.5, now_s=60.0), settled(), FAST)
+    # 61 s after the cut: its breaking point's wait (retry_ticks x tick_s) is over.
+    cut = step(inputs(limit=27, tpot=0.5, now_s=54.0), settled(), FAST)
     d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
     assert d.state.derate_base == 20 and d.state.barrier, d.reason
     assert "same heat" not in d.reason
@@ -855,6 +857,66 @@ def test_a_requests_tpot_on_part_of_its_decode_a_little_over_the_slo_is_one_step
     assert (d.action, d.limit) == (Action.DOWN, 23), d.reason
     with pytest.raises(ValueError, match="live_decode_gaps"):
         inputs(live_decode_gaps=float("nan"))
+
+
+def _through(tpot: float, batch: float, steps: int = 30) -> dict[str, object]:
+    """The engine's steps since the last change: a request's TPOT through them, on `steps`
+    of a request's 30, at `batch` running."""
+    return {
+        **_live(steps, tpot, 0.4),
+        "live_batch": batch,
+        "live_request_tpot_s": tpot,
+        "live_request_steps": steps,
+        "live_decode_gaps": 30.0,
+    }
+
+
+def test_a_breach_on_a_slower_box_is_let_go_once_the_box_runs_much_faster():
+    # A hot room: a request through the steps at 28 running takes 300 ms (1.5x the SLO of
+    # 200 ms), 10.7 ms a step for each running request. The cut remembers that speed.
+    cut = step(inputs(limit=28, now_s=100.0, **_through(0.30, 28.0)), settled(), FAST)
+    assert cut.action is Action.DOWN and cut.state.barrier, cut.reason
+    assert cut.state.breach_step_s == pytest.approx(0.30 / 28)
+    landed = cut.base_limit
+    assert landed == 14, cut.reason  # sized to the steps, at most to half
+    later = replace(cut.state, tick=cut.state.tick + 6)  # past every hold, the wait still on
+    window = {"ttft": 0.5, "tpot": 0.06, "now_s": 112.0}
+
+    def at(tpot: float, batch: float, steps: int = 30) -> ControlDecision:
+        return step(inputs(limit=landed, **window, **_through(tpot, batch, steps)), later, FAST)
+
+    # The room cooled: 60 ms a token at 14 running, 4.29 ms a step per request, 40 % of the
+    # box that broke. Its memory goes, and the probe is sized past where the cut landed.
+    d = at(0.06, 14.0)
+    assert d.action is Action.UP and d.base_limit > landed + 1, d.reason
+    assert (d.state.barrier, d.state.cut_landed_base, d.state.breach_step_s) == (False, None, None)
+    assert d.state.breach_base == 28  # still recorded: breaking it again doubles the wait
+    assert d.reason.startswith(
+        "the engine runs a step per running request in 4.29 ms, 40% of the 10.7 ms when the "
+        "SLO broke at base 28: a slower box's breaking point, let go; p99 TTFT"
+    ), d.reason
+    # The same box as broke it (a steady load after its cut: a little more per request at a
+    # smaller batch): the memory holds, and probes stop where the cut landed.
+    d = at(0.13, 14.0)
+    assert d.state.barrier and d.state.cut_landed_base == landed, d.reason
+    assert "let go" not in d.reason and d.base_limit <= landed + 1, d.reason
+    # Just over the ratio (0.6 x 10.7 ms = 6.43 ms; 6.64 ms here): kept.
+    d = at(0.093, 14.0)
+    assert d.state.barrier and "let go" not in d.reason, d.reason
+    # Fast, but on 10 steps of a request's 30 (a lull of a few seconds): kept.
+    d = at(0.06, 14.0, steps=10)
+    assert d.state.barrier and "let go" not in d.reason, d.reason
+    # A cut without the engine's steps knew no speed: its memory stays until its wait ends.
+    blind = step(inputs(limit=28, tpot=0.3, now_s=100.0), settled(), FAST)
+    assert blind.action is Action.DOWN and blind.state.breach_step_s is None, blind.reason
+    d = step(
+        inputs(limit=blind.base_limit, **window, **_through(0.06, float(blind.base_limit))),
+        replace(blind.state, tick=blind.state.tick + 6),
+        FAST,
+    )
+    assert d.state.barrier and "let go" not in d.reason, d.reason
+    with pytest.raises(InvariantError, match="stale_breach_step_ratio"):
+        ControllerConfig(stale_breach_step_ratio=0.0)
 
 
 def test_after_a_cut_a_tail_cuts_again_only_from_requests_admitted_since():
