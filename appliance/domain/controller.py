@@ -52,15 +52,15 @@ AIMD with memory. Each tick, in `auto` mode:
 
 The controller works on the *base* limit (what `AdmissionQueue.set_limit` takes) and reports
 the *effective* one, base x thermal derate factor (what actually runs), so a thermal cut
-lowers the operating point at once: effective <= floor(max_limit x derate). While derated
-it probes only to win back its own cuts, never above the base it had when the derate
-began: a slower hot box breaks the SLO at its old batch, the controller cuts, and without
-this it would sit at that cut until the derate ends (a dwell of minutes) however much the
-load eased. A derate that begins while SLO cuts are remembered (`retry_ticks`) takes them
-over (a GPU slows as it heats, before the policy trips): its ceiling is the highest base
-cut from, and those cuts' breaking point is let go. A breach's memory also goes once the
-box runs much faster than the one that broke it (`stale_breach_step_ratio`). In `manual`
-mode the base is the operator's limit.
+lowers the operating point at once: effective <= floor(max_limit x derate). While derated it
+probes only to win back its own cuts, never above the base it had when the derate began: a
+slower hot box breaks the SLO at its old batch, the controller cuts, and without this it
+would sit at that cut until the derate ends (a dwell of minutes) however much the load
+eased. A derate that begins within a breach's first wait (`retry_ticks` x `tick_s`) of SLO
+cuts takes them over (a GPU slows as it heats, before the policy trips): its ceiling is the
+highest base cut from, and those cuts' breaking point is let go. A breach's memory also goes
+once the box runs much faster than the one that broke it (`stale_breach_step_ratio`). In
+`manual` mode the base is the operator's limit.
 """
 
 from __future__ import annotations
@@ -547,16 +547,16 @@ def _derate_began(
     let go, why).
 
     The ceiling is the base in force, or the highest base an SLO cut came from within
-    _takeover_s before (while that cut's breaking point is remembered): a GPU slows as it
-    heats (boost clocks fall before the thermal policy trips at 85 °C), so the SLO cuts
-    before a derate were the same heat, and the derate now does their job. Counting both cut
-    the load twice, and the second for as long as the derate lasts: on thermal the steps
-    broke the SLO at 27 as the room heated, the cut landed on 17, and the derate found 17;
-    after the hot room the box was fast again but ran 12-16 (17 x the derate) for the rest
-    of the trace, where static 32 ran 24-30 (docs/benchmarks.md, goodput_trace_wave_thermal,
-    seed 0). Those cuts' breaking point and slow-start threshold go too: they were measured
-    on the heating box. The SLO feedback stays in charge under the derate, and a breach
-    there is remembered anew.
+    _takeover_s before (a breach's first wait): a GPU slows as it heats (boost clocks fall
+    before the thermal policy trips at 85 °C), so the SLO cuts before a derate were the same
+    heat, and the derate now does their job. Counting both cut the load twice, and the
+    second for as long as the derate lasts: on thermal the steps broke the SLO at 27 as the
+    room heated, the cut landed on 17, and the derate found 17; after the hot room the box
+    was fast again but ran 12-16 (17 x the derate) for the rest of the trace, where static
+    32 ran 24-30 (docs/benchmarks.md, goodput_trace_wave_thermal, seed 0). Those cuts'
+    breaking point and slow-start threshold go too: they were measured on the heating box.
+    The SLO feedback stays in charge under the derate, and a breach there is remembered
+    anew.
 
     A derate trips only once the core has heated: on thermal the simulated GPU crossed
     85 °C 20-45 s after the box slowed, and a cut 45 s before it (60 -> 30 as the hot room
@@ -568,7 +568,12 @@ def _derate_began(
     if not recent or max(recent) <= base:
         return base, {}, ""
     ceiling = min(cfg.max_limit, max(recent))
-    memory = {"barrier": False, "cut_landed_base": None, "mild_cut_tick": None}
+    memory = {
+        "barrier": False,
+        "cut_landed_base": None,
+        "mild_cut_tick": None,
+        "breach_step_s": None,
+    }
     note = (
         f"the SLO cut from {ceiling} in the last {_takeover_s(cfg):g} s was the same heat: "
         f"probes may win back up to base {ceiling} under the derate"
@@ -577,8 +582,8 @@ def _derate_began(
 
 
 def _takeover_s(cfg: ControllerConfig) -> float:
-    """How long before a derate an SLO cut counts as the same heat: as long as a breach is
-    remembered (retry_ticks of tick_s)."""
+    """How long before a derate an SLO cut counts as the same heat: a breach's first wait
+    (retry_ticks ticks of tick_s; the wait doubles only when a retry breaks it again)."""
     return cfg.retry_ticks * cfg.tick_s
 
 
@@ -652,6 +657,7 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     if t.state.mild_cut_tick is not None and _judged(t):
         # Within the SLO on evidence since a one-step cut: that step held, for now.
         t = replace(t, state=replace(t.state, mild_cut_tick=None))
+    t = _breach_outlived(t)
     # 3. Hold unless every condition for a probe holds.
     return _probe(t)
 
@@ -667,7 +673,6 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         state = replace(state, barrier=False, retrying_since_tick=None)
     enough = inputs.requests_in_window >= cfg.min_samples
     limit = derated(inputs.current_limit, inputs.derate_factor)
-    state, note = _breach_outlived(cfg, inputs, state, limit)
     tpot = inputs.tpot_p99_s if enough and cfg.slo_tpot_p99_s is not None else None
     cut_tpot, cut_tpot_source = _tail_for_cuts(cfg, inputs, state, tpot)
     return _Tick(
@@ -685,43 +690,53 @@ def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerS
         live_over=_live_overshoot(cfg, inputs, limit),
         cut_tpot=cut_tpot,
         cut_tpot_source=cut_tpot_source,
-        note=note,
     )
 
 
-def _step_per_request_s(inputs: ControlInputs) -> float | None:
-    """The engine's time per step for each running request: a request's TPOT through the
-    steps over the batch they ran (the box's speed, whatever the limit); None unknown."""
-    tpot, batch = inputs.live_request_tpot_s, inputs.live_batch
-    if tpot is None or batch is None or batch < 1:
+def _step_per_request_s(
+    cfg: ControllerConfig, inputs: ControlInputs, limit: int, whole: bool
+) -> float | None:
+    """The box's speed: the engine's time per step for each running request, a request's TPOT
+    through the steps over the batch they ran (the batch of the recent steps, which a
+    request's span reaches past), whatever the limit. None unless the steps judge and ran
+    one or more requests a step; with `whole`, also unless they cover a request's decode
+    (a few seconds of steps may be a spike, no speed of the box)."""
+    tpot, batch, gaps = inputs.live_request_tpot_s, inputs.live_batch, inputs.live_decode_gaps
+    if tpot is None or batch is None or batch < 1 or not _steps_judge(cfg, inputs, limit):
+        return None
+    if whole and (gaps is None or (inputs.live_request_steps or 0) < gaps):
         return None
     return tpot / batch
 
 
-def _breach_outlived(
-    cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState, limit: int
-) -> tuple[ControllerState, str]:
-    """Let a breach's memory go once the box runs much faster than the one that broke it:
-    (the state, why; "" when kept).
+def _speed_at_breach(t: _Tick) -> float | None:
+    """The box's speed on the steps that broke the SLO, a spike's too: the memory of a
+    breach on a spike goes once the spike is over and a request's decode runs fast. None
+    for a full KV cache: that is memory, not speed."""
+    if t.kv > t.cfg.kv_high_ratio:
+        return None
+    return _step_per_request_s(t.cfg, t.inputs, t.limit, whole=False)
+
+
+def _breach_outlived(t: _Tick) -> _Tick:
+    """Let a breach's memory go once the box runs much faster than the one that broke it.
 
     The memory keeps probes under the breaking point for retry_ticks, and sized probes under
     where the cut landed: it stands for the knee of this box. A knee measured on a slower
     box (a hot room, a busy neighbour) is not this box's: on thermal the hot room's cuts
     left the controller at 16-22 through the cool phase after it, one step a hold, while a
     request through the steps took 140-200 ms against the SLO of 500 ms and static 32 ran
-    24 (docs/benchmarks.md, goodput_trace_partial_thermal, seeds 0 and 2). The box's speed
-    is the engine's time per step for each running request, on as many steps as a request
-    decodes: at stale_breach_step_ratio of what it was at the breach or less, the memory
-    goes (the breaking point stays recorded: a retry that breaks it again still doubles
-    the wait)."""
+    24 (docs/benchmarks.md, goodput_trace_partial_thermal, seeds 0 and 2). At
+    stale_breach_step_ratio of the box's speed at the breach or less (_step_per_request_s),
+    the memory goes. The breaking point stays recorded: a retry that breaks it again still
+    doubles the wait. Only on a tick with no breach: the note says why a probe may pass."""
+    state = t.state
     then = state.breach_step_s
-    if then is None or not (state.barrier or state.cut_landed_base is not None):
-        return state, ""
-    if not _steps_judge(cfg, inputs, limit) or not _steps_cover_a_request(inputs):
-        return state, ""
-    now = _step_per_request_s(inputs)
-    if now is None or now > cfg.stale_breach_step_ratio * then:
-        return state, ""
+    if not state.barrier or then is None or then <= 0:
+        return t
+    now = _step_per_request_s(t.cfg, t.inputs, t.limit, whole=True)
+    if now is None or now > t.cfg.stale_breach_step_ratio * then:
+        return t
     note = (
         f"the engine runs a step per running request in {_fmt_s(now)}, {now / then:.0%} of "
         f"the {_fmt_s(then)} when the SLO broke at base {state.breach_base}: "
@@ -730,7 +745,7 @@ def _breach_outlived(
     released = replace(
         state, barrier=False, cut_landed_base=None, retrying_since_tick=None, breach_step_s=None
     )
-    return released, note
+    return replace(t, state=released, note=note)
 
 
 def _tail_for_cuts(
@@ -996,7 +1011,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         retry_ticks=_retry_wait_after_breach(t),
         retrying_since_tick=None,
         cut_landed_base=new_base,
-        breach_step_s=_step_per_request_s(t.inputs),
+        breach_step_s=_speed_at_breach(t),
         recent_cuts=(
             *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < _takeover_s(cfg)),
             (t.inputs.now_s, t.base),

@@ -146,6 +146,7 @@ class ControlLoop:
                 self.state,
                 breach_base=None,
                 barrier=False,
+                breach_step_s=None,
                 breach_tick=None,
                 retry_ticks=None,
                 retrying_since_tick=None,

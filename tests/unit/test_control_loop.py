@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from appliance.config import AdmissionConfig
 from appliance.domain.controller import Action, ControlDecision, ControllerConfig, ControlMode
 from appliance.domain.lanes import Lane
@@ -420,4 +422,51 @@ async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_r
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
     assert "p99 TPOT 450 ms is from a slower engine" in d.reason
+    await _cancel(tasks)
+
+
+async def test_a_breach_on_a_slower_box_is_let_go_once_the_steps_run_much_faster():
+    import asyncio
+    import dataclasses
+
+    clock = Clock()
+    clock.now_s = 100.0
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    # A chat load's history (8 requests), then a hot room: every step since the change
+    # (31 s ago) at 0.8 s a token with 4 running, a request's whole decode. The full cut,
+    # 4 -> 2; it remembers the box: ~0.2 s a step for each running request.
+    for i in range(48):
+        steps.add(40.0 + 0.5 * i, (0.2,) * 4, (0.5,) if i % 6 == 0 else ())
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 31)
+    for i in range(30):
+        steps.add(70.0 + i, (0.8,) * 4, (0.5,) if i % 7 == 6 else ())
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.DOWN, 2), d.reason
+    # 0.8 s over the recent steps' batch (4 decoding, a first token now and then).
+    assert loop.state.breach_step_s == pytest.approx(0.8 / 4, rel=0.05)
+    for t in tasks[:2]:  # two of the four running finish: 2 run, 3 wait
+        t.cancel()
+    await asyncio.sleep(0.01)
+    # The room cooled: 40 s on, a request's decode of steps at 100 ms with 2 running, a
+    # quarter of the box that broke, and finished requests far under the SLO. The breaking
+    # point at 4 was that box's: let go.
+    clock.now_s = 140.0
+    for i in range(40):
+        steps.add(130.0 + 0.25 * i, (0.1,) * 2, (0.3,) if i % 7 == 6 else ())
+    for _ in range(3):
+        latency.add(clock.now_s - 1, 0.3, 0.1, admitted_s=clock.now_s - 6)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 3), d.reason
+    assert "a slower box's breaking point, let go" in d.reason
+    assert not loop.state.barrier and loop.state.breach_base == 4
+    await asyncio.sleep(0.01)
+    # So the next probe goes on to 4, where it broke, with no wait for a retry.
+    clock.now_s += 2
+    for _ in range(3):
+        latency.add(clock.now_s - 0.5, 0.3, 0.1, admitted_s=clock.now_s - 1.5)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 4), d.reason
     await _cancel(tasks)

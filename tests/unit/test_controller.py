@@ -895,8 +895,9 @@ def test_a_breach_on_a_slower_box_is_let_go_once_the_box_runs_much_faster():
         "the engine runs a step per running request in 4.29 ms, 40% of the 10.7 ms when the "
         "SLO broke at base 28: a slower box's breaking point, let go; p99 TTFT"
     ), d.reason
-    # The same box as broke it (a steady load after its cut: a little more per request at a
-    # smaller batch): the memory holds, and probes stop where the cut landed.
+    # Nearly the box that broke it (9.3 ms a step per request, 87 %; a steady load after a
+    # cut runs each request's step in about the same time): the memory holds, and probes
+    # stop where the cut landed.
     d = at(0.13, 14.0)
     assert d.state.barrier and d.state.cut_landed_base == landed, d.reason
     assert "let go" not in d.reason and d.base_limit <= landed + 1, d.reason
@@ -906,6 +907,13 @@ def test_a_breach_on_a_slower_box_is_let_go_once_the_box_runs_much_faster():
     # Fast, but on 10 steps of a request's 30 (a lull of a few seconds): kept.
     d = at(0.06, 14.0, steps=10)
     assert d.state.barrier and "let go" not in d.reason, d.reason
+    # Nor when a request's length is not known: no way to tell a lull from the box.
+    unknown = {**_through(0.06, 14.0), "live_decode_gaps": None}
+    d = step(inputs(limit=landed, **window, **unknown), later, FAST)
+    assert d.state.barrier and "let go" not in d.reason, d.reason
+    # A breach this tick: the memory is not let go in the same breath.
+    d = step(inputs(limit=landed, **{**window, "ttft": 2.0}, **_through(0.06, 14.0)), later, FAST)
+    assert d.action is Action.DOWN and "let go" not in d.reason, d.reason
     # A cut without the engine's steps knew no speed: its memory stays until its wait ends.
     blind = step(inputs(limit=28, tpot=0.3, now_s=100.0), settled(), FAST)
     assert blind.action is Action.DOWN and blind.state.breach_step_s is None, blind.reason
