@@ -1049,16 +1049,17 @@ def _probe_blocker(t: _Tick) -> str | None:
             f"p99 TTFT {_fmt_s(t.ttft)} within SLO {_fmt_s(cfg.slo_ttft_p99_s)} "
             f"(probing needs < {_fmt_s(ttft_probe)})"
         )
-    if _tpot_over(cfg, t.tpot) and not _tpot_over(cfg, t.cut_tpot):
+    if _tpot_over(cfg, t.tpot) and t.cut_tpot is None:
         assert t.tpot is not None and cfg.slo_tpot_p99_s is not None
         return (
             f"p99 TPOT {_fmt_s(t.tpot)} > SLO {_fmt_s(cfg.slo_tpot_p99_s)} from requests "
             f"admitted before the last cut ({_fresh_after_cut(t)})"
         )
     if _tpot_in_dead_band(t) and not _tail_is_history(t):
-        assert t.tpot is not None and cfg.slo_tpot_p99_s is not None  # in the dead band
+        tail, whose = _tail_for_probes(t)
+        assert tail is not None and cfg.slo_tpot_p99_s is not None  # in the dead band
         return (
-            f"p99 TPOT {_fmt_s(t.tpot)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
+            f"p99 TPOT{whose} {_fmt_s(tail)} within SLO {_fmt_s(cfg.slo_tpot_p99_s)} "
             f"(probing needs < {_fmt_s(cfg.slo_tpot_p99_s * cfg.probe_below_ratio)})"
         )
     # A burst the predictor sees coming counts like a queue: raise the limit before it lands,
@@ -1080,10 +1081,25 @@ def _fresh_after_cut(t: _Tick) -> str:
     return f"p99 TPOT{t.cut_tpot_source} {_fmt_s(t.cut_tpot)}"
 
 
+def _tail_for_probes(t: _Tick) -> tuple[float | None, str]:
+    """The p99 TPOT that gates a probe, and whose: after a cut, once min_samples admitted
+    since it have finished, theirs (_tail_for_cuts); else the window's.
+
+    The window keeps the tail of the limit cut from for window_s: on thermal's cool phase
+    after the hot room it held 18 for 30 s at "p99 TPOT 512 ms > SLO 500 ms from requests
+    admitted before the last cut" while the 54 admitted since the cut showed 199 ms and
+    static 32 ran 32 (docs/benchmarks.md, goodput_trace_stale_thermal, seed 2)."""
+    if t.cut_tpot_source:
+        return t.cut_tpot, t.cut_tpot_source
+    return t.tpot, ""
+
+
 def _tpot_in_dead_band(t: _Tick) -> bool:
-    """The window's p99 TPOT at or over the probe mark (probe_below_ratio x its SLO)."""
+    """The p99 TPOT that gates probes at or over the probe mark (probe_below_ratio x its
+    SLO)."""
     slo = t.cfg.slo_tpot_p99_s
-    return t.tpot is not None and slo is not None and t.tpot >= slo * t.cfg.probe_below_ratio
+    tail, _ = _tail_for_probes(t)
+    return tail is not None and slo is not None and tail >= slo * t.cfg.probe_below_ratio
 
 
 def _tail_is_history(t: _Tick) -> bool:
@@ -1110,10 +1126,11 @@ def _history(t: _Tick) -> str:
     cfg, inputs = t.cfg, t.inputs
     if not (_tpot_in_dead_band(t) and _tail_is_history(t)):
         return ""
-    assert t.tpot is not None and cfg.slo_tpot_p99_s is not None
+    tail, whose = _tail_for_probes(t)
+    assert tail is not None and cfg.slo_tpot_p99_s is not None
     assert inputs.live_request_tpot_s is not None
     return (
-        f"p99 TPOT {_fmt_s(t.tpot)} is from a slower engine: a request through its last "
+        f"p99 TPOT{whose} {_fmt_s(tail)} is from a slower engine: a request through its last "
         f"{inputs.live_request_steps} steps takes {_fmt_s(inputs.live_request_tpot_s)} "
         f"(< {cfg.fast_probe_below_ratio:.0%} of SLO {_fmt_s(cfg.slo_tpot_p99_s)}); "
     )

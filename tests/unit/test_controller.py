@@ -937,11 +937,15 @@ def test_after_a_cut_a_tail_cuts_again_only_from_requests_admitted_since():
     assert (d.action, d.limit) == (Action.HOLD, 24), d.reason
     assert "p99 TPOT 260 ms > SLO 200 ms from requests admitted before the last cut" in d.reason
     assert "3 of those admitted since have finished, 8 needed" in d.reason
-    # Those admitted since keep the SLO: still no cut, and no probe on that tail either.
-    kept = {**few, "fresh_requests": 10, "fresh_tpot_p99_s": 0.15}
+    # Those admitted since keep the SLO, in the dead band: no cut, and they hold probes.
+    kept = {**few, "fresh_requests": 10, "fresh_tpot_p99_s": 0.17}
     d = step(inputs(limit=24, **stale, **kept), cut, FAST)
     assert (d.action, d.limit) == (Action.HOLD, 24), d.reason
-    assert "(p99 TPOT of the 10 admitted since the cut 150 ms)" in d.reason
+    assert "p99 TPOT of the 10 admitted since the cut 170 ms within SLO 200 ms" in d.reason
+    # Under the probe mark: the window's tail is the limit cut from's, and holds nothing.
+    under = {**kept, "fresh_tpot_p99_s": 0.15}
+    d = step(inputs(limit=24, **stale, **under), cut, FAST)
+    assert (d.action, d.limit) == (Action.UP, 25), d.reason
     # They break it too: the cut, on their p99 (1.3x: one full cut, 24 -> 18).
     broke = {**few, "fresh_requests": 10}
     d = step(inputs(limit=24, **stale, **broke), cut, FAST)
