@@ -14,7 +14,8 @@ AIMD with memory. Each tick, in `auto` mode:
   Read on fewer steps than a request decodes (just after a change) it is a few seconds of
   the engine, and within mild_breach_ratio one step, as a tail. After a cut, a p99 TPOT
   cuts again only from the requests admitted since it: the ones that finish first decoded
-  at the limit cut from.
+  at the limit cut from. Once min_samples of them have finished, their tail gates probes
+  too; until then the window's tail over the SLO holds them.
   Cuts are paced `hold_ticks_after_decrease` apart so the window can show the effect of one
   cut before the next.
 - Probe up only when both p99s sit below `probe_below_ratio` of their SLO, requests are
