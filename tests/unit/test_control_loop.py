@@ -470,3 +470,36 @@ async def test_a_breach_on_a_slower_box_is_let_go_once_the_steps_run_much_faster
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 4), d.reason
     await _cancel(tasks)
+
+
+async def test_after_a_cut_the_requests_admitted_since_gate_probes_not_the_windows_tail():
+    import dataclasses
+
+    clock = Clock()
+    loop, admission, latency, _ = _loop(clock, slo_tpot_p99_s=0.5)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    # A cut 20 s ago. Requests admitted before it finish at 600 ms a token (over the SLO):
+    # they decoded at the limit cut from. One admitted since has finished, at 100 ms.
+    loop.state = dataclasses.replace(
+        loop.state,
+        tick=10,
+        last_change_tick=10,
+        last_decrease_tick=10,
+        last_change_s=clock.now_s - 20,
+    )
+    for _ in range(3):
+        latency.add(clock.now_s - 1, 0.3, 0.6, admitted_s=clock.now_s - 25)
+    latency.add(clock.now_s - 1, 0.3, 0.1, admitted_s=clock.now_s - 10)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
+    assert "p99 TPOT 600 ms > SLO 500 ms from requests admitted before the last cut" in d.reason
+    assert "1 of those admitted since have finished, 2 needed" in d.reason
+    # Two more of them: their tail (100 ms) gates the probe, and the old one holds nothing.
+    for _ in range(2):
+        latency.add(clock.now_s - 0.5, 0.3, 0.1, admitted_s=clock.now_s - 9)
+    clock.now_s += 2
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    assert "every p99 of the 3 admitted since the last change < 50% of its SLO" in d.reason
+    await _cancel(tasks)
