@@ -626,7 +626,8 @@ class _Tick:
     kv: float
     # The engine's recent steps over the SLO: (worst share of its SLO, why); None when not.
     live_over: tuple[float, str] | None = None
-    # The p99 TPOT a cut judges (_tail_for_cuts), and whose it is ("" for the window's).
+    # The p99 TPOT a cut judges (_tail_for_cuts), and whose it is ("" for the window's);
+    # after a cut, once known, it gates probes too (_tail_for_probes).
     cut_tpot: float | None = None
     cut_tpot_source: str = ""
     # What this tick let go of before it decided (_breach_outlived), for the reason.
@@ -1104,11 +1105,11 @@ def _tpot_in_dead_band(t: _Tick) -> bool:
 
 
 def _tail_is_history(t: _Tick) -> bool:
-    """The window's p99 TPOT is from a slower box than runs now: the engine's steps since the
-    last change (enough to judge, none of them a cut's drain) give a request's TPOT through
-    them under fast_probe_below_ratio of the SLO. A finished request's TPOT tells how the
-    engine ran over its whole life, and the window keeps it window_s longer: after a slow
-    spell ends, the p99 sits in the dead band for up to window_s + a request's life and
+    """The p99 TPOT that gates probes is from a slower box than runs now: the engine's steps since
+    the last change (enough to judge, none of them a cut's drain) give a request's TPOT
+    through them under fast_probe_below_ratio of the SLO. A finished request's TPOT tells
+    how the engine ran over its whole life, and the window keeps it window_s longer: after a
+    slow spell ends, the p99 sits in the dead band for up to window_s + a request's life and
     holds the limit where the slow spell left it. On thermal the cool phase after the hot
     room held 25 at "p99 TPOT 483 ms (probing needs < 400 ms)" for 50 s while a request
     through the steps took 160-280 ms (docs/benchmarks.md, goodput_trace_cutread_thermal,
@@ -1303,7 +1304,7 @@ def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
     if cfg.fast_probe_fraction <= 0 or t.inputs.queued <= 0 or evidence is None:
         return step, None, False
     if _history(t):
-        # The window's tail is in the dead band and only the engine's steps call it
+        # The gating tail is in the dead band and only the engine's steps call it
         # history: a mean opened the gate, and a mean is no headroom to size a probe on.
         return step, None, False
     measured = _worst_ratio(cfg, evidence)
