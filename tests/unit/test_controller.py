@@ -275,8 +275,8 @@ def test_a_derate_that_begins_just_after_slo_cuts_takes_them_over():
     # The box slowed as it heated: the steps broke the SLO at 27 and the cut landed on 20.
     cut = step(inputs(limit=27, tpot=0.5, now_s=70.0), settled(), FAST)
     assert (cut.action, cut.base_limit) == (Action.DOWN, 20), cut.reason
-    # 45 s later the core reaches 85 °C (past window_s; within retry_ticks x tick_s, while
-    # the cut's breaking point is remembered): the derate does that cut's job now.
+    # 45 s later the core reaches 85 °C (past window_s, within a breach's first wait of
+    # retry_ticks x tick_s): the derate does that cut's job now.
     d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
     assert (d.action, d.limit, d.base_limit) == (Action.DERATE, 15, 20), d.reason
     assert d.state.derate_base == 27
@@ -293,7 +293,7 @@ def test_a_derate_that_begins_just_after_slo_cuts_takes_them_over():
 
 
 def test_a_derate_long_after_a_cut_keeps_the_base_it_found_and_the_breach():
-    # 61 s after the cut: its breaking point's wait (retry_ticks x tick_s) is over.
+    # 61 s after the cut, past a breach's first wait (retry_ticks x tick_s): not the same heat.
     cut = step(inputs(limit=27, tpot=0.5, now_s=54.0), settled(), FAST)
     d = step(inputs(limit=20, derate_factor=0.75, queued=0, now_s=115.0), cut.state, FAST)
     assert d.state.derate_base == 20 and d.state.barrier, d.reason
