@@ -463,6 +463,22 @@ class ControlDecision:
         return out
 
 
+# What binds probes to the last breaking point: the barrier under it, a retry at it, the
+# slow-start threshold, and the box's speed that may let it go. The point itself
+# (breach_base) and its wait stay: a retry that breaks it again still doubles the wait.
+_LET_GO: dict[str, Any] = {
+    "barrier": False,
+    "retrying_since_tick": None,
+    "cut_landed_base": None,
+    "breach_step_s": None,
+}
+
+
+def let_breaking_point_go(state: ControllerState) -> ControllerState:
+    """The state with probes no longer bound by the last breaking point (_LET_GO)."""
+    return replace(state, **_LET_GO)
+
+
 def initial_state() -> ControllerState:
     """The state before the first tick."""
     return ControllerState()
@@ -569,12 +585,7 @@ def _derate_began(
     if not recent or max(recent) <= base:
         return base, {}, ""
     ceiling = min(cfg.max_limit, max(recent))
-    memory = {
-        "barrier": False,
-        "cut_landed_base": None,
-        "mild_cut_tick": None,
-        "breach_step_s": None,
-    }
+    memory = {**_LET_GO, "mild_cut_tick": None}
     note = (
         f"the SLO cut from {ceiling} in the last {_takeover_s(cfg):g} s was the same heat: "
         f"probes may win back up to base {ceiling} under the derate"
@@ -744,10 +755,7 @@ def _breach_outlived(t: _Tick) -> _Tick:
         f"the {_fmt_s(then)} when the SLO broke at base {state.breach_base}: "
         f"a slower box's breaking point, let go"
     )
-    released = replace(
-        state, barrier=False, cut_landed_base=None, retrying_since_tick=None, breach_step_s=None
-    )
-    return replace(t, state=released, note=note)
+    return replace(t, state=let_breaking_point_go(state), note=note)
 
 
 def _tail_for_cuts(

@@ -18,6 +18,7 @@ from appliance.domain.controller import (
     ControlMode,
     decide,
     initial_state,
+    let_breaking_point_go,
 )
 from appliance.domain.latency_window import LatencyWindow
 from appliance.domain.prefill import PrefillBudget, budget_moved, prefill_budget
@@ -143,13 +144,10 @@ class ControlLoop:
             # Latency judged against the old SLO says nothing about the new one: forget where
             # it broke and judge only what comes after this change.
             self.state = dataclasses.replace(
-                self.state,
+                let_breaking_point_go(self.state),
                 breach_base=None,
-                barrier=False,
-                breach_step_s=None,
                 breach_tick=None,
                 retry_ticks=None,
-                retrying_since_tick=None,
                 last_change_s=self._clock(),
             )
         self._events.emit(
