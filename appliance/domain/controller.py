@@ -463,20 +463,14 @@ class ControlDecision:
         return out
 
 
-# What binds probes to the last breaking point: the barrier under it, a retry at it, the
-# slow-start threshold, and the box's speed that may let it go. The point itself
-# (breach_base) and its wait stay: a retry that breaks it again still doubles the wait.
-_LET_GO: dict[str, Any] = {
-    "barrier": False,
-    "retrying_since_tick": None,
-    "cut_landed_base": None,
-    "breach_step_s": None,
-}
-
-
 def let_breaking_point_go(state: ControllerState) -> ControllerState:
-    """The state with probes no longer bound by the last breaking point (_LET_GO)."""
-    return replace(state, **_LET_GO)
+    """The state with probes no longer bound by the last breaking point: no barrier under
+    it, no retry at it, no slow-start threshold, and no box's speed to let it go by. The
+    point itself (breach_base) and its wait stay: a retry that breaks it again still
+    doubles the wait."""
+    return replace(
+        state, barrier=False, retrying_since_tick=None, cut_landed_base=None, breach_step_s=None
+    )
 
 
 def initial_state() -> ControllerState:
@@ -539,14 +533,14 @@ def _finish(
     # The base a derate found stays the ceiling for probes until the derate ends.
     derating = inputs.derate_factor < 1 - _EPS
     derate_base = (state.derate_base or inputs.current_limit) if derating else None
-    took_over: dict[str, Any] = {}
     if derating and state.derate_base is None and inputs.mode is ControlMode.AUTO:
-        derate_base, took_over, note = _derate_began(cfg, inputs, state)
+        derate_base, note = _derate_began(cfg, inputs, state)
         if note:
+            # The derate took the SLO cuts over: their breaking point goes (updates still
+            # win: a breach on this tick is remembered anew).
             reason += f"; {note}"
-    nxt = replace(
-        state, tick=tick, last_limit=limit, derate_base=derate_base, **took_over, **updates
-    )
+            state = let_breaking_point_go(replace(state, mild_cut_tick=None))
+    nxt = replace(state, tick=tick, last_limit=limit, derate_base=derate_base, **updates)
     if inputs.in_flight > derated(inputs.current_limit, inputs.derate_factor):
         nxt = replace(nxt, over_limit_s=inputs.now_s)
     if changed:
@@ -559,9 +553,9 @@ def _finish(
 
 def _derate_began(
     cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState
-) -> tuple[int, dict[str, Any], str]:
-    """A derate begins: (the base probes may win back to while it lasts, the breach memory to
-    let go, why).
+) -> tuple[int, str]:
+    """A derate begins: (the base probes may win back to while it lasts, why it took SLO cuts
+    over; "" when it took none, and their breach memory stays).
 
     The ceiling is the base in force, or the highest base an SLO cut came from within
     _takeover_s before (a breach's first wait): a GPU slows as it heats (boost clocks fall
@@ -583,14 +577,13 @@ def _derate_began(
     base = inputs.current_limit
     recent = [b for ts, b in state.recent_cuts if inputs.now_s - ts <= _takeover_s(cfg)]
     if not recent or max(recent) <= base:
-        return base, {}, ""
+        return base, ""
     ceiling = min(cfg.max_limit, max(recent))
-    memory = {**_LET_GO, "mild_cut_tick": None}
     note = (
         f"the SLO cut from {ceiling} in the last {_takeover_s(cfg):g} s was the same heat: "
         f"probes may win back up to base {ceiling} under the derate"
     )
-    return ceiling, memory, note
+    return ceiling, note
 
 
 def _takeover_s(cfg: ControllerConfig) -> float:
