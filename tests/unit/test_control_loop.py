@@ -425,6 +425,35 @@ async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_r
     await _cancel(tasks)
 
 
+async def test_a_ttft_tail_from_a_slow_spell_does_not_hold_the_limit_once_first_tokens_run_fast():
+    import dataclasses
+
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    admission.open()
+    tasks = await _queued(admission, 3)
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 20)
+    # Requests whose first tokens came through a slow spell: the window's p99 TTFT (900 ms
+    # against the 1 s SLO) sits in the dead band, and with no steps to say otherwise the
+    # limit holds.
+    for _ in range(4):
+        latency.add(clock.now_s - 1, 0.9, 0.1, admitted_s=clock.now_s - 15)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
+    assert "p99 TTFT 900 ms within SLO 1 s (probing needs < 800 ms)" in d.reason
+    # The engine's last 10 steps give first tokens in 200 ms: that tail is the window's,
+    # one step up.
+    for i in range(10):
+        steps.add(clock.now_s - 3 + 0.3 * i, (0.1,) * 4, (0.2,))
+    clock.now_s += 0.5
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
+    assert "p99 TTFT 900 ms within SLO 1 s is the window's" in d.reason
+    assert "first tokens over its last 10 steps take 200 ms" in d.reason
+    await _cancel(tasks)
+
+
 async def test_a_breach_on_a_slower_box_is_let_go_once_the_steps_run_much_faster():
     import asyncio
     import dataclasses

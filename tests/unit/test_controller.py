@@ -790,6 +790,30 @@ def test_live_evidence_never_lets_a_probe_past_the_other_conditions():
         ControllerConfig(live_min_steps=0)
 
 
+def test_a_windows_ttft_in_the_dead_band_is_history_once_the_engines_first_tokens_run_fast():
+    # The window's p99 TTFT (1.3 s against an SLO of 1.5 s) holds probes (needs < 1.2 s).
+    d = step(inputs(limit=8, ttft=1.3, queued=6, **_live(20, 0.05, None)), settled(), FAST)
+    assert d.action is Action.HOLD, d.reason
+    assert d.reason == "holding 8: p99 TTFT 1.3 s within SLO 1.5 s (probing needs < 1.2 s)"
+    # The engine's first tokens over its last 20 steps take 0.3 s (< 50 % of the SLO): the
+    # window's tail opens the gate, and the probe is one step, not sized on a few seconds.
+    d = step(inputs(limit=8, ttft=1.3, queued=6, **_live(20, 0.05, 0.3)), settled(), FAST)
+    assert (d.action, d.limit) == (Action.UP, 9), d.reason
+    assert d.reason.startswith(
+        "p99 TTFT 1.3 s within SLO 1.5 s is the window's (30 s): the engine's first tokens "
+        "over its last 20 steps take 300 ms (< 50% of SLO 1.5 s), 6 queued: 8 -> 9"
+    ), d.reason
+    # First tokens at half the SLO or more, too few steps, or a cut still draining: held.
+    for live, in_flight in ((_live(20, 0.05, 0.75), 8), (_live(5, 0.05, 0.3), 8)):
+        d = step(inputs(limit=8, ttft=1.3, queued=6, in_flight=in_flight, **live), settled(), FAST)
+        assert d.action is Action.HOLD, d.reason
+    d = step(inputs(limit=8, ttft=1.3, queued=6, in_flight=10, **_live(20, 0.05, 0.3)), settled())
+    assert d.action is Action.HOLD and "the last cut is draining" in d.reason, d.reason
+    # A p99 over the SLO is a breach, whatever the engine's first tokens take now.
+    d = step(inputs(limit=8, ttft=1.6, queued=6, **_live(20, 0.05, 0.3)), settled(), FAST)
+    assert d.action is Action.DOWN, d.reason
+
+
 def test_a_fast_probe_still_stops_below_the_breaking_point():
     st = settled(breach_base=10, barrier=True, breach_tick=95, retry_ticks=30)
     d = step(inputs(limit=8, ttft=0.5, tpot=0.05, queued=3), st, FAST)
