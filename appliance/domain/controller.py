@@ -1080,12 +1080,14 @@ def _ttft_is_history(t: _Tick) -> bool:
     now: among the steps that judge the limit (enough of them, none a cut's drain), their
     p99 is under fast_probe_below_ratio of the SLO.
 
-    The window keeps a slow spell's first tokens for window_s. On phase change the
-    controller sat at 8 for 70 s at "p99 TTFT 4.67 s within SLO 5 s (probing needs < 4 s)"
-    while the engine's first tokens took 0.3-1.7 s and the queue filled to the shed
-    (docs/benchmarks.md, goodput_trace_depth_phase_change, seed 1). As for the TPOT
-    (_tail_is_history), only the gate opens: such a probe is one step a hold (_probe_step),
-    and a p99 over the SLO is still a breach."""
+    The window's p99 is its slowest request or two of the last window_s (from admission,
+    the queue's wait aside: services/accounting.py), so one slow spell of first tokens holds
+    every probe for window_s after it. On phase change the controller sat at its start of 8
+    for 70 s at "p99 TTFT 4.67 s within SLO 5 s (probing needs < 4 s)" while the queue filled
+    up to the shed and the engine's first tokens among its steps took 0.3-1.7 s in 27 of
+    28 readings (docs/benchmarks.md, goodput_trace_depth_phase_change, seed 1). As for the
+    TPOT (_tail_is_history), only the gate opens: such a probe is one step a hold
+    (_probe_step), and a p99 over the SLO is still a breach."""
     live = t.inputs.live_ttft_p99_s
     if t.ttft is None or live is None or not _steps_judge(t.cfg, t.inputs, t.limit):
         return False
