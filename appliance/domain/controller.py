@@ -343,6 +343,9 @@ class ControlInputs:
     # this is part of a request's decode, its missing steps filled at their median. None:
     # not known (too few requests in the log).
     live_decode_gaps: float | None = None
+    # The median of the recent steps' mean gaps (the span, not a request's decode): what a
+    # request admitted now decodes at. None: not reported.
+    live_gap_median_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -358,6 +361,7 @@ class ControlInputs:
             "live_batch",
             "live_request_tpot_s",
             "live_decode_gaps",
+            "live_gap_median_s",
         ):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -921,27 +925,64 @@ def _is_mild(t: _Tick) -> bool:
     return t.kv <= cfg.kv_high_ratio and worst <= cfg.mild_breach_ratio
 
 
-def _cut_factor(t: _Tick) -> float:
-    """x decrease_factor; deeper when the engine's steps are far over the SLO: sized to bring
-    them to probe_below_ratio of it (latency in proportion to the limit), at most to
-    live_cut_floor_ratio of the limit. A box that slows by half (a throttled GPU, a noisy
-    neighbour) needs half the limit; 0.75 a cut, 4 ticks apart, takes 12 s to get there."""
+def _cut_factor(t: _Tick, over: float | None) -> float:
+    """x decrease_factor; deeper when the engine's steps are `over` times the SLO (None: not
+    judged): sized to bring them to probe_below_ratio of it (latency in proportion to the
+    limit), at most to live_cut_floor_ratio of the limit. A box that slows by half (a
+    throttled GPU, a noisy neighbour) needs half the limit; 0.75 a cut, 4 ticks apart,
+    takes 12 s to get there."""
     cfg = t.cfg
-    if t.live_over is None:
+    if over is None:
         return cfg.decrease_factor
-    sized = cfg.probe_below_ratio / t.live_over[0]
+    sized = cfg.probe_below_ratio / over
     return max(cfg.live_cut_floor_ratio, min(cfg.decrease_factor, sized))
 
 
-def _cut_base(t: _Tick, mild: bool) -> int:
-    """The base limit after a cut: one step when mild, else x the cut factor (>= one step)."""
+def _recent_gap_ratio(t: _Tick) -> float | None:
+    """The recent steps' median gap as a share of the TPOT SLO, where a request's TPOT
+    through the steps breaks it (None otherwise: late first tokens alone are no gap).
+
+    Whether to cut is judged on a request's whole decode through the steps; when the box
+    slows, that decode still holds the fast steps from before. As thermal's hot room began
+    it read 524 ms while the last seconds of steps ran at 893 ms: the cut sized on 524 ms
+    went 52 -> 39, and 39 ran 24 s of 0.5-1.4 s steps (docs/benchmarks.md,
+    goodput_trace_fresh_thermal, seed 2). Sized from the worse of the two it met thermal's
+    target (goodput_trace_depthsweep_thermal). The median, not the mean: a wave of
+    1500-token prefills in a few steps read a mean gap of 1.06-1.13 s on phase change's
+    documents where a decode read 551-563 ms, and the cut sized on it went 37 -> 18
+    (goodput_trace_depth_phase_change, seeds 0 and 2)."""
+    cfg, inputs = t.cfg, t.inputs
+    gap = inputs.live_gap_median_s
+    if t.live_over is None or gap is None or cfg.slo_tpot_p99_s is None:
+        return None
+    if not _tpot_over(cfg, _cut_tpot(inputs)):
+        return None
+    return gap / cfg.slo_tpot_p99_s
+
+
+def _cut_base(t: _Tick, mild: bool) -> tuple[int, str]:
+    """The base limit after a cut, and a note on its depth ("" when nothing to say): one
+    step when mild, else x the cut factor (>= one step), the factor sized from the worse of
+    the reading that judged the steps and their recent median gap (_recent_gap_ratio)."""
     cfg = t.cfg
     floor_limit = derated(cfg.min_limit, t.factor)
+    note = ""
     if mild:
         target = max(floor_limit, t.limit - cfg.increase_step)
     else:
-        target = max(floor_limit, min(t.limit - 1, math.floor(t.limit * _cut_factor(t) + _EPS)))
-    return min(t.upper, max(cfg.min_limit, base_for(target, t.factor)))
+
+        def cut_to(over: float | None) -> int:
+            factor = _cut_factor(t, over)
+            return max(floor_limit, min(t.limit - 1, math.floor(t.limit * factor + _EPS)))
+
+        judged = None if t.live_over is None else t.live_over[0]
+        target = cut_to(judged)
+        gap = _recent_gap_ratio(t)
+        if gap is not None and judged is not None and gap > judged and cut_to(gap) < target:
+            target = cut_to(gap)
+            assert cfg.slo_tpot_p99_s is not None  # _recent_gap_ratio
+            note = f" (sized to the steps' recent median gap of {_fmt_s(gap * cfg.slo_tpot_p99_s)})"
+    return min(t.upper, max(cfg.min_limit, base_for(target, t.factor))), note
 
 
 def _retry_wait_after_breach(t: _Tick) -> int:
@@ -994,7 +1035,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
     again = mild and _mild_cut_did_not_hold(t)
     if again:
         mild = False
-    new_base = _cut_base(t, mild)
+    new_base, depth = _cut_base(t, mild)
     new_limit = derated(new_base, t.factor)
     if new_limit >= limit:
         return t.finish(t.base, Action.HOLD, f"{cause}: already at the minimum {limit}")
@@ -1003,7 +1044,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         how = " (a mean, not a tail: the full cut)"
     if again:
         how = " (mild again after a one-step cut: the full cut)"
-    reason = f"{cause}{how}: {_move(limit, new_limit, t.base, new_base, t.factor)}"
+    reason = f"{cause}{how}{depth}: {_move(limit, new_limit, t.base, new_base, t.factor)}"
     return t.finish(
         new_base,
         Action.DOWN,

@@ -50,6 +50,9 @@ class StepLatency:
     request_steps: int = 0
     # Decode gaps per request, from the log (gaps over first tokens); None: too few requests.
     decode_gaps: float | None = None
+    # The median over the span's decode steps of a step's mean gap: what a request admitted
+    # now decodes at, which a wave of prefill in a few steps moves less than the mean.
+    gap_median_s: float | None = None
 
 
 # Fewer first tokens than this in the log: no request length (the span's mean stands).
@@ -130,6 +133,7 @@ class StepLatencyLog:
             request_tpot_s=request_tpot(request_span, gaps),
             request_steps=sum(1 for s in request_span if s.itl_count),
             decode_gaps=gaps,
+            gap_median_s=_median_gap(span),
         )
 
 
@@ -146,6 +150,11 @@ def _reach_back(steps: Sequence[_Step], since_s: float, min_steps: int) -> tuple
 def _mean_gap(steps: Sequence[_Step]) -> float | None:
     count = sum(s.itl_count for s in steps)
     return math.fsum(s.itl_sum_s for s in steps) / count if count else None
+
+
+def _median_gap(steps: Sequence[_Step]) -> float | None:
+    per_step = [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
+    return statistics.median(per_step) if per_step else None
 
 
 def decode_gaps(steps: Sequence[_Step]) -> float | None:

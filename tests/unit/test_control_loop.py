@@ -284,6 +284,7 @@ async def test_the_engines_steps_after_a_change_size_the_next_probe():
         "request_tpot_s": 0.02,
         "request_steps": 8,
         "decode_gaps": 1.0,
+        "gap_median_s": 0.02,
     }
     await _cancel(tasks)
 
@@ -321,14 +322,42 @@ def _tick_on_steps_of(step_s: float) -> tuple[ControlDecision, int]:
 def test_steps_slower_than_the_tpot_slo_are_judged_though_few_fit_in_the_span():
     # A step takes about one TPOT: at 0.7 s (SLO 0.5 s) only 5 steps fit in the 4 s span,
     # fewer than the 8 a judgement needs. The loop reaches back to the last 8 (5.6 s), as
-    # far as 8 steps take at twice the SLO (8 s), and cuts before any request finished.
+    # far as 8 steps take at 4x the SLO (16 s), and cuts before any request finished.
     d, base = _tick_on_steps_of(0.7)
     assert (d.action, base) == (Action.DOWN, 2), d.reason
     assert "the engine's last 8 steps: TPOT 700 ms > SLO 500 ms" in d.reason
-    # Steps of 1.5 s (3x the SLO): 8 of them take 12 s, past the reach; no judgement on
-    # steps that old (the finished requests show a breach that large soon enough).
+    # Steps of 1.5 s (3x the SLO, a hot room's): 8 of them take 12 s, still within reach
+    # (at 2x the SLO they never were, and the limit held while they ran).
     d, base = _tick_on_steps_of(1.5)
+    assert (d.action, base) == (Action.DOWN, 2), d.reason
+    # Steps of 2.5 s: 8 take 20 s, past the reach; no judgement on steps that old (the
+    # finished requests show a breach that large soon enough).
+    d, base = _tick_on_steps_of(2.5)
     assert d.action is not Action.DOWN and base == 4, d.reason
+
+
+def test_a_cut_on_a_slowed_box_is_sized_to_the_steps_now_not_to_a_whole_decode():
+    clock = Clock()
+    steps = StepLatencyLog()
+    loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    admission.set_limit(8)
+    # 20 steps of a running load at 300 ms a token (8 requests a step, 8 of them new), then
+    # the box slows: its last 8 steps at 1.2 s. A request decodes 28 steps (224 gaps over
+    # 8 first tokens): through the last 28 it takes 557 ms, over the SLO of 500 ms, and
+    # sized on that the cut would land at 5. The steps now run at 1.2 s: the cut lands at
+    # half, 4, and says why.
+    t = clock.now_s - 8 * 1.2 - 20 * 0.3
+    for i in range(20):
+        t += 0.3
+        steps.add(t, (0.3,) * 8, (0.2,) if i < 8 else ())
+    for _ in range(8):
+        t += 1.2
+        steps.add(t, (1.2,) * 8, ())
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.DOWN, 4), d.reason
+    assert "TPOT 557 ms > SLO 500 ms" in d.reason
+    assert "(sized to the steps' recent median gap of 1.2 s): 8 -> 4" in d.reason
+    assert loop.snapshot()["live"]["gap_median_s"] == 1.2
 
 
 def test_steps_taken_while_the_old_limits_requests_drain_are_no_evidence():

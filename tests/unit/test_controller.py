@@ -895,6 +895,31 @@ def _through(tpot: float, batch: float, steps: int = 30) -> dict[str, object]:
     }
 
 
+def test_a_cut_is_sized_to_the_recent_steps_median_gap_where_it_is_slower_than_a_decode_reads():
+    # A request's decode through the steps reads 260 ms (1.3x the SLO of 200 ms): sized on
+    # it, 32 -> 19. The box slowed within that decode: the recent steps' median gap is
+    # 320 ms (1.6x), and sized on that the cut lands at half, 16.
+    slowed = {**_through(0.26, 32.0), "live_gap_median_s": 0.32}
+    d = step(inputs(limit=32, **slowed), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 16), d.reason
+    assert "(sized to the steps' recent median gap of 320 ms): 32 -> 16" in d.reason
+    # A median gap under the decode's reading (or no median): sized on the decode, no note.
+    for gap in (0.22, None):
+        d = step(inputs(limit=32, **{**slowed, "live_gap_median_s": gap}), settled(), FAST)
+        assert (d.action, d.limit) == (Action.DOWN, 19), d.reason
+        assert "median gap" not in d.reason
+    # Late first tokens alone (a request's TPOT within the SLO): no gap sizes that cut.
+    late = {**slowed, "live_request_tpot_s": 0.15, "live_ttft_p99_s": 2.4}
+    d = step(inputs(limit=32, **late), settled(), FAST)
+    assert d.action is Action.DOWN and "median gap" not in d.reason, d.reason
+    # A mild breach on a few seconds of steps is still one step, whatever their median.
+    few = {**slowed, **_through(0.22, 32.0, steps=10), "live_gap_median_s": 0.4}
+    d = step(inputs(limit=32, **few), settled(), FAST)
+    assert (d.action, d.limit) == (Action.DOWN, 31), d.reason
+    with pytest.raises(ValueError, match="live_gap_median_s"):
+        inputs(live_gap_median_s=-1.0)
+
+
 def test_a_breach_on_a_slower_box_is_let_go_once_the_box_runs_much_faster():
     # A hot room: a request through the steps at 28 running takes 300 ms (1.5x the SLO of
     # 200 ms), 10.7 ms a step for each running request. The cut remembers that speed.

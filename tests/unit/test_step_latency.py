@@ -19,6 +19,9 @@ def test_steps_since_a_moment_give_the_mean_gap_and_first_token_p99():
     assert got.ttft_p99_s == pytest.approx(0.696)  # interpolated between 0.5 and 0.7
     # 7 requests produced a token over 3 steps: the batch these were measured at.
     assert got.batch_mean == pytest.approx(7 / 3)
+    # The median of the decode steps' own mean gaps (0.1 and 0.2 s; the prefill-only step
+    # has none).
+    assert got.gap_median_s == pytest.approx(0.15)
 
 
 def test_nothing_since_the_moment_is_an_empty_span():
@@ -89,6 +92,8 @@ def test_one_wave_step_among_few_is_not_a_requests_tpot():
     assert gaps is not None
     assert got.request_tpot_s == pytest.approx((0.55 * 8 + (gaps - 8) * 0.2) / gaps)
     assert got.request_tpot_s < 0.3
+    # The span's median step gap: the wave moves the mean (0.55 s), not the median.
+    assert got.gap_median_s == pytest.approx(0.2)
 
 
 def test_a_requests_tpot_may_reach_back_past_the_floor_of_the_steps_that_judge_the_moment():
