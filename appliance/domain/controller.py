@@ -330,6 +330,7 @@ class ControlInputs:
     live_steps: int | None = None
     live_tpot_s: float | None = None
     live_ttft_p99_s: float | None = None
+    live_ttft_count: int | None = None  # the first tokens that p99 is of (None: not reported)
     # Requests that produced a token per engine step over those steps: the batch the live
     # latencies were measured at. None: not reported.
     live_batch: float | None = None
@@ -368,7 +369,7 @@ class ControlInputs:
                 problems.append(f"{name}: must be a finite number >= 0 or None, got {value}")
         if self.requests_in_window < 0:
             problems.append(f"requests_in_window: must be >= 0, got {self.requests_in_window}")
-        for name in ("fresh_requests", "live_steps", "live_request_steps"):
+        for name in ("fresh_requests", "live_steps", "live_ttft_count", "live_request_steps"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 problems.append(f"{name}: must be >= 0 or None, got {value}")
@@ -980,8 +981,10 @@ def _cut_base(t: _Tick, mild: bool) -> tuple[int, str]:
         gap = _recent_gap_ratio(t)
         if gap is not None and judged is not None and gap > judged and cut_to(gap) < target:
             target = cut_to(gap)
-            assert cfg.slo_tpot_p99_s is not None  # _recent_gap_ratio
-            note = f" (sized to the steps' recent median gap of {_fmt_s(gap * cfg.slo_tpot_p99_s)})"
+            assert t.inputs.live_gap_median_s is not None  # _recent_gap_ratio
+            note = (
+                f" (sized to the steps' recent median gap of {_fmt_s(t.inputs.live_gap_median_s)})"
+            )
     return min(t.upper, max(cfg.min_limit, base_for(target, t.factor))), note
 
 
@@ -1120,8 +1123,8 @@ def _probe_blocker(t: _Tick) -> str | None:
 
 def _ttft_is_history(t: _Tick) -> bool:
     """The window's p99 TTFT, in the dead band, is not what the engine's first tokens take
-    now: among the steps that judge the limit (enough of them, none a cut's drain), their
-    p99 is under fast_probe_below_ratio of the SLO.
+    now: among the steps that judge the limit (enough of them, none a cut's drain), the p99
+    of min_samples first tokens or more is under fast_probe_below_ratio of the SLO.
 
     The window's p99 is its slowest request or two of the last window_s (from admission,
     the queue's wait aside: services/accounting.py), so one slow spell of first tokens holds
@@ -1131,11 +1134,15 @@ def _ttft_is_history(t: _Tick) -> bool:
     28 readings (docs/benchmarks.md, goodput_trace_depth_phase_change, seed 1). As for the
     TPOT (_tail_is_history), only the gate opens: such a probe is one step a hold
     (_probe_step), and a p99 over the SLO is still a breach."""
-    live = t.inputs.live_ttft_p99_s
-    if t.ttft is None or live is None or not _steps_judge(t.cfg, t.inputs, t.limit):
+    cfg, inputs = t.cfg, t.inputs
+    live = inputs.live_ttft_p99_s
+    if t.ttft is None or live is None or not _steps_judge(cfg, inputs, t.limit):
         return False
-    slo = t.cfg.slo_ttft_p99_s
-    return t.ttft >= slo * t.cfg.probe_below_ratio and live < t.cfg.fast_probe_below_ratio * slo
+    if (inputs.live_ttft_count or 0) < cfg.min_samples:
+        return False  # a p99 of a few first tokens is no tail
+    slo = cfg.slo_ttft_p99_s
+    in_band = slo * cfg.probe_below_ratio <= t.ttft <= slo
+    return in_band and live < cfg.fast_probe_below_ratio * slo
 
 
 def _ttft_gate(t: _Tick) -> str:
@@ -1149,12 +1156,13 @@ def _ttft_gate(t: _Tick) -> str:
             f"p99 TTFT {_fmt_s(t.ttft)} < {_fmt_s(ttft_probe)} "
             f"({cfg.probe_below_ratio:.0%} of SLO {slo}), "
         )
-    live = t.inputs.live_ttft_p99_s
-    assert live is not None  # _ttft_is_history
+    inputs = t.inputs
+    assert inputs.live_ttft_p99_s is not None  # _ttft_is_history
     return (
         f"p99 TTFT {_fmt_s(t.ttft)} within SLO {slo} is the window's ({cfg.window_s:g} s): "
-        f"the engine's first tokens over its last {t.inputs.live_steps} steps take "
-        f"{_fmt_s(live)} (< {cfg.fast_probe_below_ratio:.0%} of SLO {slo}), "
+        f"the engine's {inputs.live_ttft_count} first tokens among its last "
+        f"{inputs.live_steps} steps take {_fmt_s(inputs.live_ttft_p99_s)} "
+        f"(< {cfg.fast_probe_below_ratio:.0%} of SLO {slo}); "
     )
 
 

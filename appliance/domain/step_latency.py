@@ -152,8 +152,13 @@ def _mean_gap(steps: Sequence[_Step]) -> float | None:
     return math.fsum(s.itl_sum_s for s in steps) / count if count else None
 
 
+def _per_step_gaps(steps: Sequence[_Step]) -> list[float]:
+    """Each decode step's mean gap."""
+    return [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
+
+
 def _median_gap(steps: Sequence[_Step]) -> float | None:
-    per_step = [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
+    per_step = _per_step_gaps(steps)
     return statistics.median(per_step) if per_step else None
 
 
@@ -171,7 +176,7 @@ def request_tpot(steps: Sequence[_Step], gaps: float | None) -> float | None:
     many as its decode gaps (or its length is not known), else the missing steps at the
     median step's gap."""
     mean_s = _mean_gap(steps)
-    per_step = [s.itl_sum_s / s.itl_count for s in steps if s.itl_count]
+    per_step = _per_step_gaps(steps)
     if mean_s is None or gaps is None or len(per_step) >= gaps:
         return mean_s
     missing = gaps - len(per_step)

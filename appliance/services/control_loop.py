@@ -228,12 +228,13 @@ class ControlLoop:
         # The engine's steps since the last change, and no older than live_span_s: a probe
         # needs what ran under the limit in force, a cut what runs now. Where fewer than
         # live_min_steps fit in the span (slow steps: a TPOT over its SLO), back to that
-        # many, as far as they take at twice the TPOT SLO. A request's TPOT reaches back
-        # over as many steps as a request decodes, however long they took, to the last
-        # change: every step since ran under the limit in force. Held to the reach, a
-        # request's decode (32 steps of 0.3-0.5 s) was never there, its TPOT was a dozen
-        # steps, and a burst of slow steps (a CPU neighbour's spike in thermal's hot room)
-        # read as every request missing (docs/benchmarks.md, goodput_trace_history_thermal).
+        # many, as far as they take at LIVE_REACH_SLO_MULTIPLE x the TPOT SLO. A request's
+        # TPOT reaches back over as many steps as a request decodes, however long they
+        # took, to the last change: every step since ran under the limit in force. Held to
+        # the reach, a request's decode (32 steps of 0.3-0.5 s) was never there, its TPOT
+        # was a dozen steps, and a burst of slow steps (a CPU neighbour's spike in
+        # thermal's hot room) read as every request missing (docs/benchmarks.md,
+        # goodput_trace_history_thermal).
         floor = since if since is not None else now - self.cfg.window_s
         # Nor from before the requests admitted under the old limit finished: draining,
         # the engine prefills nothing and its steps run fast (after a cut from 64 to 37 on
@@ -256,6 +257,7 @@ class ControlLoop:
             live_steps=None if live is None else live.steps,
             live_tpot_s=None if live is None else live.itl_mean_s,
             live_ttft_p99_s=None if live is None else live.ttft_p99_s,
+            live_ttft_count=None if live is None else live.ttft_count,
             live_batch=None if live is None else live.batch_mean,
             live_request_tpot_s=None if live is None else live.request_tpot_s,
             live_request_steps=None if live is None else live.request_steps,

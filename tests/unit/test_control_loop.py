@@ -479,7 +479,7 @@ async def test_a_ttft_tail_from_a_slow_spell_does_not_hold_the_limit_once_first_
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
     assert "p99 TTFT 900 ms within SLO 1 s is the window's" in d.reason
-    assert "first tokens over its last 10 steps take 200 ms" in d.reason
+    assert "the engine's 10 first tokens among its last 10 steps take 200 ms" in d.reason
     await _cancel(tasks)
 
 
