@@ -33,8 +33,8 @@ AIMD with memory. Each tick, in `auto` mode:
   A p99 TPOT in the dead band does not hold a probe when the engine's steps since the last
   change say it is history (a request through them under `fast_probe_below_ratio` of the
   SLO): after a slow spell the window keeps its tail for `window_s`. Nor does a p99 TTFT in
-  its dead band when the engine's first tokens among those steps have a p99 under
-  `fast_probe_below_ratio` of its SLO. Either probe is one step.
+  its dead band when `min_samples` or more of the engine's first tokens among those steps
+  have a p99 under `fast_probe_below_ratio` of its SLO. Either probe is one step.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
