@@ -947,10 +947,9 @@ def _recent_gap_ratio(t: _Tick) -> float | None:
     slows, that decode still holds the fast steps from before. As thermal's hot room began
     it read 524 ms while the last seconds of steps ran at 893 ms: the cut sized on 524 ms
     went 52 -> 39, and 39 ran 24 s of 0.5-1.4 s steps (docs/benchmarks.md,
-    goodput_trace_fresh_thermal, seed 2). Sized from the worse of the two it met thermal's
-    target (goodput_trace_depthsweep_thermal). The median, not the mean: a wave of
-    1500-token prefills in a few steps read a mean gap of 1.06-1.13 s on phase change's
-    documents where a decode read 551-563 ms, and the cut sized on it went 37 -> 18
+    goodput_trace_fresh_thermal, seed 2). The median, not the mean: sized on the steps'
+    mean gap, a wave of 1500-token prefills in a few steps read 1.06-1.13 s on phase
+    change's documents where a decode read 551-563 ms, and the cut went 37 -> 18
     (goodput_trace_depth_phase_change, seeds 0 and 2)."""
     cfg, inputs = t.cfg, t.inputs
     gap = inputs.live_gap_median_s
