@@ -427,7 +427,35 @@ def test_a_wave_of_prefill_in_a_few_steps_is_no_tpot_breach_but_a_slowdown_is():
     assert (d.action, base) == (Action.DOWN, 2), d.reason
 
 
-async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_run_fast():
+@pytest.mark.parametrize(
+    ("ttft_s", "tpot_s", "firsts_s", "held", "let_go"),
+    [
+        # Requests that decoded through a slow spell finish at 450 ms a token: the window's
+        # p99 sits in the dead band (probing needs < 400 ms). The engine's last 10 steps run
+        # at 100 ms a token: that tail is history.
+        (
+            0.1,
+            0.45,
+            (),
+            "p99 TPOT 450 ms within SLO 500 ms",
+            "p99 TPOT 450 ms is from a slower engine",
+        ),
+        # Requests whose first tokens came through a slow spell: the window's p99 TTFT
+        # (900 ms against the 1 s SLO) sits in the dead band. The engine's last 10 steps give
+        # first tokens in 200 ms: that tail is the window's.
+        (
+            0.9,
+            0.1,
+            (0.2,),
+            "p99 TTFT 900 ms within SLO 1 s (probing needs < 800 ms)",
+            "p99 TTFT 900 ms within SLO 1 s is the window's (30 s): the engine's 10 first "
+            "tokens among its last 10 steps take 200 ms",
+        ),
+    ],
+)
+async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_run_fast(
+    ttft_s: float, tpot_s: float, firsts_s: tuple[float, ...], held: str, let_go: str
+):
     import dataclasses
 
     clock = Clock()
@@ -436,50 +464,19 @@ async def test_a_tail_from_a_slow_spell_does_not_hold_the_limit_once_the_steps_r
     admission.open()
     tasks = await _queued(admission, 3)
     loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 20)
-    # Requests that decoded through a slow spell finish at 450 ms a token: the window's p99
-    # sits in the dead band (probing needs < 400 ms), and with no steps to say otherwise the
-    # limit holds.
+    # With no steps to say otherwise, the window's tail holds the limit.
     for _ in range(4):
-        latency.add(clock.now_s - 1, 0.1, 0.45, admitted_s=clock.now_s - 15)
+        latency.add(clock.now_s - 1, ttft_s, tpot_s, admitted_s=clock.now_s - 15)
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
-    assert "p99 TPOT 450 ms within SLO 500 ms" in d.reason
-    # The engine's last 10 steps run at 100 ms a token: that tail is history, one step up.
+    assert held in d.reason
+    # The engine's steps say otherwise: one step up.
     for i in range(10):
-        steps.add(clock.now_s - 3 + 0.3 * i, (0.1,) * 4, ())
+        steps.add(clock.now_s - 3 + 0.3 * i, (0.1,) * 4, firsts_s)
     clock.now_s += 0.5
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
-    assert "p99 TPOT 450 ms is from a slower engine" in d.reason
-    await _cancel(tasks)
-
-
-async def test_a_ttft_tail_from_a_slow_spell_does_not_hold_the_limit_once_first_tokens_run_fast():
-    import dataclasses
-
-    clock = Clock()
-    steps = StepLatencyLog()
-    loop, admission, latency, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
-    admission.open()
-    tasks = await _queued(admission, 3)
-    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 20)
-    # Requests whose first tokens came through a slow spell: the window's p99 TTFT (900 ms
-    # against the 1 s SLO) sits in the dead band, and with no steps to say otherwise the
-    # limit holds.
-    for _ in range(4):
-        latency.add(clock.now_s - 1, 0.9, 0.1, admitted_s=clock.now_s - 15)
-    d = loop.tick()
-    assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
-    assert "p99 TTFT 900 ms within SLO 1 s (probing needs < 800 ms)" in d.reason
-    # The engine's last 10 steps give first tokens in 200 ms: that tail is the window's,
-    # one step up.
-    for i in range(10):
-        steps.add(clock.now_s - 3 + 0.3 * i, (0.1,) * 4, (0.2,))
-    clock.now_s += 0.5
-    d = loop.tick()
-    assert (d.action, admission.base_limit) == (Action.UP, 5), d.reason
-    assert "p99 TTFT 900 ms within SLO 1 s is the window's" in d.reason
-    assert "the engine's 10 first tokens among its last 10 steps take 200 ms" in d.reason
+    assert let_go in d.reason
     await _cancel(tasks)
 
 
