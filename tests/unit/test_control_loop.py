@@ -341,7 +341,7 @@ def test_a_cut_on_a_slowed_box_is_sized_to_the_steps_now_not_to_a_whole_decode()
     steps = StepLatencyLog()
     loop, admission, _, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
     admission.set_limit(8)
-    # 20 steps of a running load at 300 ms a token (8 requests a step, 8 of them new), then
+    # 20 steps of a running load at 300 ms a token (8 requests a step; 8 first tokens), then
     # the box slows: its last 8 steps at 1.2 s. A request decodes 28 steps (224 gaps over
     # 8 first tokens): through the last 28 it takes 557 ms, over the SLO of 500 ms, and
     # sized on that the cut would land at 5. The steps now run at 1.2 s: the cut lands at
