@@ -254,15 +254,7 @@ class ControlLoop:
             fresh_requests=fresh.count,
             fresh_ttft_p99_s=fresh.ttft_p99_s,
             fresh_tpot_p99_s=fresh.tpot_p99_s,
-            live_steps=None if live is None else live.steps,
-            live_tpot_s=None if live is None else live.itl_mean_s,
-            live_ttft_p99_s=None if live is None else live.ttft_p99_s,
-            live_ttft_count=None if live is None else live.ttft_count,
-            live_batch=None if live is None else live.batch_mean,
-            live_request_tpot_s=None if live is None else live.request_tpot_s,
-            live_request_steps=None if live is None else live.request_steps,
-            live_decode_gaps=None if live is None else live.decode_gaps,
-            live_gap_median_s=None if live is None else live.gap_median_s,
+            **_live_inputs(live),
             kv_cache_usage_ratio=min(1.0, max(0.0, self._kv_usage())),
             queue_depth=snap.queued,
             in_flight=snap.in_flight,
@@ -440,6 +432,23 @@ class ControlLoop:
                 "reason": self.forecast.reason,
             },
         }
+
+
+def _live_inputs(live: StepLatency | None) -> dict[str, Any]:
+    """The controller's live_* inputs from the engine's steps (None each: not reported)."""
+    if live is None:
+        return {}
+    return {
+        "live_steps": live.steps,
+        "live_tpot_s": live.itl_mean_s,
+        "live_ttft_p99_s": live.ttft_p99_s,
+        "live_ttft_count": live.ttft_count,
+        "live_batch": live.batch_mean,
+        "live_request_tpot_s": live.request_tpot_s,
+        "live_request_steps": live.request_steps,
+        "live_decode_gaps": live.decode_gaps,
+        "live_gap_median_s": live.gap_median_s,
+    }
 
 
 def _round_s(seconds: float | None) -> float | None:
