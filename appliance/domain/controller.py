@@ -975,10 +975,11 @@ def _cut_base(t: _Tick, mild: bool) -> tuple[int, str]:
             factor = _cut_factor(t, over)
             return max(floor_limit, min(t.limit - 1, math.floor(t.limit * factor + _EPS)))
 
-        judged = None if t.live_over is None else t.live_over[0]
-        target = cut_to(judged)
+        target = cut_to(None if t.live_over is None else t.live_over[0])
+        # A gap is there only where the steps judged (_recent_gap_ratio), and the cut goes
+        # deeper only where it reads worse than what judged them.
         gap = _recent_gap_ratio(t)
-        if gap is not None and judged is not None and gap > judged and cut_to(gap) < target:
+        if gap is not None and cut_to(gap) < target:
             target = cut_to(gap)
             assert t.inputs.live_gap_median_s is not None  # _recent_gap_ratio
             note = (
