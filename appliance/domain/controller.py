@@ -149,6 +149,17 @@ class ControllerConfig:
     # by a quarter runs each request's step in about the same time (a little more: a step's
     # fixed part is shared by fewer), so noise on a steady load stays well above 0.6.
     stale_breach_step_ratio: float = 0.6
+    # The live knee: a sized probe must buy throughput. Once a request's decode has run
+    # through the engine's steps at the new limit, the engine's speed (running requests per
+    # step time: tokens per second) must have grown by at least this share of the limit's
+    # growth, or the limit goes back to where the probe came from and probes stop there for
+    # retry_ticks. Past the knee a CPU engine's step time grows with the batch: the limit
+    # buys latency, not throughput (docs/benchmarks.md, goodput_trace_medgap_thermal).
+    # None: probes climb on latency headroom alone.
+    knee_min_gain_share: float | None = 0.25
+    # The live knee goes once the box runs a step per running request in this share of the
+    # time it took at the knee or less: a faster box (a cool-down, a document phase over).
+    knee_release_ratio: float = 0.8
     window_s: float = 30.0
     min_samples: int = 8
     tick_s: float = 2.0
@@ -248,13 +259,12 @@ def _memory_problems(cfg: ControllerConfig) -> list[Problem]:
                 f"must be >= {{retry_ticks}} ({cfg.retry_ticks}), got {cfg.retry_ticks_max}",
             )
         )
-    if not 0 < cfg.stale_breach_step_ratio <= 1:
-        problems.append(
-            Problem(
-                "stale_breach_step_ratio",
-                f"must be in (0, 1], got {cfg.stale_breach_step_ratio}",
-            )
-        )
+    for name in ("stale_breach_step_ratio", "knee_release_ratio"):
+        if not 0 < getattr(cfg, name) <= 1:
+            problems.append(Problem(name, f"must be in (0, 1], got {getattr(cfg, name)}"))
+    share = cfg.knee_min_gain_share
+    if share is not None and not 0 < share <= 1:
+        problems.append(Problem("knee_min_gain_share", f"must be in (0, 1] or null, got {share}"))
     return problems
 
 
@@ -446,6 +456,14 @@ class ControllerState:
     # requests admitted before it finish. Nothing is admitted then, so no prompt is
     # prefilled: the engine's steps run fast and say nothing of the new limit under load.
     over_limit_s: float | None = None
+    # A sized probe awaiting its verdict (the live knee): the base it came from, and the
+    # engine's time per step per running request there (_step_per_request_s).
+    probe_from: tuple[int, float] | None = None
+    # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, while
+    # the box runs no faster than knee_step_s per step per running request.
+    knee_base: int | None = None
+    knee_tick: int | None = None
+    knee_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -670,9 +688,13 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     if t.state.mild_cut_tick is not None and _judged(t):
         # Within the SLO on evidence since a one-step cut: that step held, for now.
         t = replace(t, state=replace(t.state, mild_cut_tick=None))
-    t = _breach_outlived(t)
-    # 3. Hold unless every condition for a probe holds.
-    return _probe(t)
+    t = _knee_outlived(_breach_outlived(t))
+    # 3. A sized probe that bought no throughput goes back (the live knee).
+    judged = _judge_probe(t)
+    if isinstance(judged, ControlDecision):
+        return judged
+    # 4. Hold unless every condition for a probe holds.
+    return _probe(judged)
 
 
 def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) -> _Tick:
@@ -756,6 +778,87 @@ def _breach_outlived(t: _Tick) -> _Tick:
         f"a slower box's breaking point, let go"
     )
     return replace(t, state=let_breaking_point_go(state), note=note)
+
+
+def _add_note(t: _Tick, note: str) -> _Tick:
+    return replace(t, note=f"{t.note}; {note}" if t.note else note)
+
+
+def _knee_outlived(t: _Tick) -> _Tick:
+    """Let the live knee go after retry_ticks, or once the box runs a step per running
+    request in knee_release_ratio of the time it took at the knee or less: a knee measured
+    on a hot box, or on a document phase's prefills, is not the knee of the faster box now."""
+    state = t.state
+    if state.knee_base is None or state.knee_tick is None:
+        return t
+    age = t.tick - state.knee_tick
+    now = _step_per_request_s(t.cfg, t.inputs, t.limit, whole=True)
+    then = state.knee_step_s
+    if age >= t.cfg.retry_ticks:
+        why = f"the live knee at base {state.knee_base} is {age} ticks old: let go"
+    elif now is not None and then and now <= t.cfg.knee_release_ratio * then:
+        why = (
+            f"the engine runs a step per running request in {_fmt_s(now)}, {now / then:.0%} "
+            f"of the {_fmt_s(then)} at the live knee (base {state.knee_base}): a slower "
+            f"box's knee, let go"
+        )
+    else:
+        return t
+    cleared = replace(state, knee_base=None, knee_tick=None, knee_step_s=None)
+    return _add_note(replace(t, state=cleared), why)
+
+
+def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
+    """The verdict on a sized probe once a request's decode has run through the engine's
+    steps at the new limit: it stands when the engine's speed (running requests over the
+    step time) grew by knee_min_gain_share of the limit's growth, else the limit goes back
+    and probes stop there (the live knee). Until then it waits (the tick goes on: no sized
+    probe passes without that decode, _settled). With no queue the new room was not filled
+    and there is nothing to judge.
+
+    Latency headroom alone climbs to the TPOT SLO's edge: on thermal static 24 and 32
+    served the first cool phase alike (96 and 95, none late), while the controller climbed
+    to 60 on headroom read at 41 and served 45 in time and 45 late (docs/benchmarks.md,
+    goodput_trace_medgap_thermal, seed 0). A limit past the knee buys latency, not
+    throughput."""
+    state, cfg, inputs = t.state, t.cfg, t.inputs
+    if state.probe_from is None:
+        return t
+    from_base, then = state.probe_from
+    cleared = replace(t, state=replace(state, probe_from=None))
+    if cfg.knee_min_gain_share is None or t.base <= from_base or inputs.queued == 0:
+        return cleared
+    now = _step_per_request_s(cfg, inputs, t.limit, whole=True)
+    if now is None:
+        return t
+    from_limit = derated(from_base, t.factor)
+    growth = t.limit / from_limit - 1
+    gain = then / now - 1
+    if growth <= 0 or gain >= cfg.knee_min_gain_share * growth:
+        return cleared
+    reason = (
+        f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
+        f"+{growth:.0%} (a step per running request {_fmt_s(now)}, {_fmt_s(then)} at "
+        f"{from_limit}; it needs {cfg.knee_min_gain_share:.0%} of the growth): the live knee, "
+        f"probes stop at {from_limit} for {cfg.retry_ticks} tick(s): "
+        f"{_move(t.limit, from_limit, t.base, from_base, t.factor)}"
+    )
+    return cleared.finish(
+        from_base,
+        Action.DOWN,
+        reason,
+        probe_from=None,
+        knee_base=from_base,
+        knee_tick=t.tick,
+        knee_step_s=min(then, now),
+    )
+
+
+def _settled(t: _Tick) -> bool:
+    """The engine's steps since the last change cover a request's decode (where its length
+    is known): the new requests' prefill wave is amortised as it is at a steady limit."""
+    gaps = t.inputs.live_decode_gaps
+    return gaps is None or (t.inputs.live_request_steps or 0) >= gaps
 
 
 def _tail_for_cuts(
@@ -1061,6 +1164,7 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         retrying_since_tick=None,
         cut_landed_base=new_base,
         breach_step_s=_speed_at_breach(t),
+        probe_from=None,
         recent_cuts=(
             *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < _takeover_s(cfg)),
             (t.inputs.now_s, t.base),
@@ -1399,6 +1503,11 @@ def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
         # A gating tail is in the dead band and only the engine's steps call it history:
         # a few seconds of steps opened the gate, no headroom to size a probe on.
         return step, None, False
+    if not _settled(t):
+        # The steps since the last change hold its own wave of prefills and the requests
+        # from before it: 12 steps at 41 read 46 % of the SLO, and 41 -> 61 ran 113 %
+        # (docs/benchmarks.md, goodput_trace_medgap_thermal, seed 0).
+        return step, None, False
     measured = _worst_ratio(cfg, evidence)
     if measured is None:
         return step, None, False
@@ -1444,6 +1553,16 @@ def _probe(t: _Tick) -> ControlDecision:
     wanted = min(t.upper, base_for(limit + step, factor))
     if factor < 1 - _EPS:
         wanted = min(wanted, _derate_ceiling(t))
+    knee = t.state.knee_base
+    if knee is not None and wanted > knee:
+        wanted = knee
+        if derated(knee, factor) <= limit:
+            assert t.state.knee_tick is not None  # set with knee_base
+            left = cfg.retry_ticks - (t.tick - t.state.knee_tick)
+            return t.hold(
+                f"at the live knee (base {knee}: a probe past it bought no throughput), "
+                f"{left} more tick(s)"
+            )
     new_base, retrying_since, blocker = _respect_breach(t, wanted)
     if blocker is not None:
         return t.hold(blocker)
@@ -1456,4 +1575,10 @@ def _probe(t: _Tick) -> ControlDecision:
         f"{_ttft_gate(t)}{_history(t)}{sized or ''}{_probe_pressure(t)}: "
         f"{_move(limit, new_limit, t.base, new_base, factor)}"
     )
-    return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)
+    speed = _step_per_request_s(cfg, t.inputs, limit, whole=True)
+    pending = t.state.probe_from
+    if fast and speed is not None and cfg.knee_min_gain_share is not None:
+        pending = (t.base, speed)
+    return t.finish(
+        new_base, Action.UP, reason, retrying_since_tick=retrying_since, probe_from=pending
+    )

@@ -981,6 +981,80 @@ def test_a_breach_on_a_slower_box_is_let_go_once_the_box_runs_much_faster():
         ControllerConfig(stale_breach_step_ratio=0.0)
 
 
+def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
+    # 24 running, a request through the steps at 80 ms (40 % of the TPOT SLO of 200 ms):
+    # +50 %, and the probe awaits its verdict from 24 at 3.33 ms a step per running request.
+    window = {"ttft": 0.5, "tpot": 0.06}
+    probe = step(inputs(limit=24, **window, **_through(0.08, 24.0)), settled(), FAST)
+    assert (probe.action, probe.limit) == (Action.UP, 36), probe.reason
+    assert probe.state.probe_from == (24, pytest.approx(0.08 / 24))
+    later = replace(probe.state, tick=probe.state.tick + 2)
+
+    def at(tpot: float, batch: float, steps: int = 30, **kw: object) -> ControlDecision:
+        return step(inputs(limit=36, **window, **_through(tpot, batch, steps), **kw), later, FAST)
+
+    # A request's decode at 36 runs 120 ms: the same 3.33 ms a step per running request, no
+    # more tokens a second for +50 % (it needs +13 %, a quarter of the growth). Back to 24.
+    d = at(0.12, 36.0)
+    assert (d.action, d.limit) == (Action.DOWN, 24), d.reason
+    assert d.reason == (
+        "the probe from 24 to 36 bought +0% throughput for +50% (a step per running request "
+        "3.33 ms, 3.33 ms at 24; it needs 25% of the growth): the live knee, probes stop at "
+        "24 for 30 tick(s): 36 -> 24"
+    )
+    assert (d.state.knee_base, d.state.probe_from, d.state.barrier) == (24, None, False)
+    # At the knee, far below the SLO with a queue: no probe past it while it lasts.
+    knee = replace(d.state, tick=d.state.tick + 4)
+    held = step(inputs(limit=24, **window, **_through(0.08, 24.0)), knee, FAST)
+    assert held.action is Action.HOLD, held.reason
+    assert "at the live knee (base 24: a probe past it bought no throughput)" in held.reason
+    # A probe that bought tokens stands (2.5 ms a step per request: +33 %), and the next
+    # one is judged from 36.
+    d = at(0.09, 36.0)
+    assert d.action is Action.UP and d.state.probe_from == (36, pytest.approx(0.09 / 36))
+    # Fewer steps than a request decodes: no verdict yet, and no sized probe either.
+    d = at(0.12, 36.0, steps=10)
+    assert d.action is Action.HOLD and d.state.probe_from == probe.state.probe_from, d.reason
+    # No queue: the new room was not filled, nothing to judge; the probe stands.
+    d = at(0.12, 36.0, queued=0)
+    assert (d.action, d.limit, d.state.probe_from) == (Action.HOLD, 36, None), d.reason
+    # With the rule off the probe stands whatever it bought.
+    d = step(
+        inputs(limit=36, **window, **_through(0.12, 36.0)),
+        later,
+        replace(FAST, knee_min_gain_share=None),
+    )
+    assert d.action is not Action.DOWN and d.limit >= 36, d.reason
+
+
+def test_the_live_knee_goes_once_the_box_runs_faster_or_its_wait_is_over():
+    knee = settled(knee_base=24, knee_tick=95, knee_step_s=0.08 / 24)
+    window = {"ttft": 0.5, "tpot": 0.06}
+    # The same box: held at the knee.
+    d = step(inputs(limit=24, **window, **_through(0.08, 24.0)), knee, FAST)
+    assert d.action is Action.HOLD and "live knee" in d.reason, d.reason
+    # A cooled box runs a step per running request in 2.08 ms, 62 % of the 3.33 ms at the
+    # knee (under 80 %): let go, and the probe passes it.
+    d = step(inputs(limit=24, **window, **_through(0.05, 24.0)), knee, FAST)
+    assert (d.action, d.limit, d.state.knee_base) == (Action.UP, 36, None), d.reason
+    assert d.reason.startswith(
+        "the engine runs a step per running request in 2.08 ms, 62% of the 3.33 ms at the "
+        "live knee (base 24): a slower box's knee, let go; "
+    ), d.reason
+    # retry_ticks after it was found, it goes too.
+    old = replace(knee, tick=94 + FAST.retry_ticks)  # decide() counts this tick
+    d = step(inputs(limit=24, **window, **_through(0.08, 24.0)), old, FAST)
+    assert (d.action, d.state.knee_base) == (Action.UP, None), d.reason
+    assert "the live knee at base 24 is 30 ticks old: let go" in d.reason
+    # A sized probe needs a request's decode of steps since the last change: on 10 of 30,
+    # one step.
+    d = step(inputs(limit=24, **window, **_through(0.05, 24.0, steps=10)), settled(), FAST)
+    assert (d.action, d.limit) == (Action.UP, 25), d.reason
+    for bad in ({"knee_min_gain_share": 0.0}, {"knee_release_ratio": 1.5}):
+        with pytest.raises(InvariantError, match=next(iter(bad))):
+            ControllerConfig(**bad)  # type: ignore[arg-type]
+
+
 def test_after_a_cut_a_tail_cuts_again_only_from_requests_admitted_since():
     # The last change was a cut, 10 ticks (20 s) ago: the window's p99 TPOT (1.3x the SLO)
     # is of requests that decoded mostly before it, at the limit it cut from.
