@@ -558,3 +558,71 @@ async def test_after_a_cut_the_requests_admitted_since_gate_probes_not_the_windo
     assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
     assert "every p99 of the 3 admitted since the last change < 50% of its SLO" in d.reason
     await _cancel(tasks)
+
+
+def _engine_steps(steps: StepLatencyLog, t0_s: float, n: int, batch: int, gap_s: float) -> float:
+    """n engine steps from t0_s, `batch` requests a step at `gap_s` a step, a request
+    decoding 28 gaps (a first token whenever one is due); returns the last step's time."""
+    t = t0_s
+    for k in range(n):
+        t += gap_s
+        due = (k + 1) * batch // 28 - k * batch // 28
+        steps.add(t, (gap_s,) * batch, (0.3,) * due)
+    return t
+
+
+@pytest.mark.parametrize(
+    ("fixed_s", "per_request_s", "verdict"),
+    [
+        # Step time in proportion to the batch: 4 -> 6 runs no more tokens a second.
+        (0.0, 0.05, Action.DOWN),
+        # A fixed part of the step: 6 runs 22 % more tokens a second than 4 (it needs 13 %).
+        (0.1, 0.02, Action.UP),
+    ],
+)
+async def test_a_probe_that_bought_no_throughput_goes_back_and_probes_stop_at_the_knee(
+    fixed_s: float, per_request_s: float, verdict: Action
+):
+    import asyncio
+    import dataclasses
+
+    clock = Clock()
+    clock.now_s = 100.0
+    steps = StepLatencyLog()
+    loop, admission, latency, _ = _loop(clock, steps=steps, slo_tpot_p99_s=0.5)
+    admission.open()
+    tasks = await _queued(admission, 6)
+    loop.state = dataclasses.replace(loop.state, last_change_s=clock.now_s - 20)
+    # 4 running for two requests' decodes, far below the SLO: +50 %, 4 -> 6.
+    _engine_steps(steps, 86.0, 60, 4, fixed_s + 4 * per_request_s)
+    for _ in range(3):
+        latency.add(clock.now_s - 1, 0.3, 0.2, admitted_s=clock.now_s - 15)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.UP, 6), d.reason
+    await asyncio.sleep(0.01)  # the probe's new slots fill from the queue
+    assert admission.snapshot().in_flight == 5  # one slot stays reserved for realtime
+    # A request's decode at 6 (30 steps): the verdict.
+    clock.now_s = _engine_steps(steps, 100.0, 30, 6, fixed_s + 6 * per_request_s) + 0.1
+    for _ in range(3):
+        latency.add(clock.now_s - 1, 0.3, fixed_s + 6 * per_request_s, admitted_s=101.0)
+    d = loop.tick()
+    assert d.action is verdict, d.reason
+    if verdict is Action.UP:
+        # The probe stood, and the next one went on from it.
+        assert admission.base_limit > 6 and loop.state.knee_base is None, d.reason
+        await _cancel(tasks)
+        return
+    assert admission.base_limit == 4 and loop.state.knee_base == 4
+    assert "the probe from 4 to 6 bought +1% throughput for +50%" in d.reason
+    assert "the live knee, probes stop at 4" in d.reason
+    for t in tasks[:2]:  # two of the five running finish: the limit holds them again
+        t.cancel()
+    await asyncio.sleep(0.01)
+    # At 4 again, far below the SLO with a queue: no probe past the knee.
+    clock.now_s = _engine_steps(steps, clock.now_s, 30, 4, 4 * per_request_s) + 0.1
+    for _ in range(3):
+        latency.add(clock.now_s - 1, 0.3, 0.2, admitted_s=clock.now_s - 5)
+    d = loop.tick()
+    assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
+    assert "at the live knee (base 4" in d.reason
+    await _cancel(tasks)
