@@ -625,4 +625,9 @@ async def test_a_probe_that_bought_no_throughput_goes_back_and_probes_stop_at_th
     d = loop.tick()
     assert (d.action, admission.base_limit) == (Action.HOLD, 4), d.reason
     assert "at the live knee (base 4" in d.reason
+    assert loop.snapshot()["knee"] == {
+        "base_limit": 4,
+        "ticks_left": 29,
+        "step_per_request_s": pytest.approx(0.048, abs=0.001),
+    }
     await _cancel(tasks)
