@@ -35,6 +35,15 @@ AIMD with memory. Each tick, in `auto` mode:
   SLO): after a slow spell the window keeps its tail for `window_s`. Nor does a p99 TTFT in
   its dead band when `min_samples` or more of the engine's first tokens among those steps
   have a p99 under `fast_probe_below_ratio` of its SLO. Either probe is one step.
+- A sized probe waits until the engine's steps since the last change cover a request's
+  decode (its wave of new prompts amortised as at a steady limit), and must buy
+  throughput: once a request's decode has run at the new limit, the engine's speed
+  (running requests over a request's TPOT through the steps) must have grown by
+  `knee_min_gain_share` of the limit's growth. Else the limit goes back where the probe
+  came from, and probes stop there for `retry_ticks` (the live knee), or until the box runs
+  a step per running request in `knee_release_ratio` of the time it took there: past the
+  knee a limit buys latency, not throughput, and latency headroom alone climbs to the
+  TPOT SLO's edge.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
@@ -155,8 +164,11 @@ class ControllerConfig:
     # growth, or the limit goes back to where the probe came from and probes stop there for
     # retry_ticks. Past the knee a CPU engine's step time grows with the batch: the limit
     # buys latency, not throughput (docs/benchmarks.md, goodput_trace_medgap_thermal).
+    # A tenth: what the speed reads within over a request's decode on a flat stretch
+    # (0 to -1 % for +39 to +50 % on thermal, goodput_trace_knee_thermal); at a quarter an
+    # +8 % gain for +50 % went back, to 18 where static 24 served 14 % more.
     # None: probes climb on latency headroom alone.
-    knee_min_gain_share: float | None = 0.25
+    knee_min_gain_share: float | None = 0.1
     # The live knee goes once the box runs a step per running request in this share of the
     # time it took at the knee or less: a faster box (a cool-down, a document phase over).
     knee_release_ratio: float = 0.8
@@ -834,8 +846,14 @@ def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
     from_limit = derated(from_base, t.factor)
     growth = t.limit / from_limit - 1
     gain = then / now - 1
-    if growth <= 0 or gain >= cfg.knee_min_gain_share * growth:
+    if growth <= 0:
         return cleared
+    if gain >= cfg.knee_min_gain_share * growth:
+        return _add_note(
+            cleared,
+            f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
+            f"+{growth:.0%}: it stands",
+        )
     reason = (
         f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
         f"+{growth:.0%} (a step per running request {_fmt_s(now)}, {_fmt_s(then)} at "

@@ -994,12 +994,12 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
         return step(inputs(limit=36, **window, **_through(tpot, batch, steps), **kw), later, FAST)
 
     # A request's decode at 36 runs 120 ms: the same 3.33 ms a step per running request, no
-    # more tokens a second for +50 % (it needs +13 %, a quarter of the growth). Back to 24.
+    # more tokens a second for +50 % (it needs +5 %, a tenth of the growth). Back to 24.
     d = at(0.12, 36.0)
     assert (d.action, d.limit) == (Action.DOWN, 24), d.reason
     assert d.reason == (
         "the probe from 24 to 36 bought +0% throughput for +50% (a step per running request "
-        "3.33 ms, 3.33 ms at 24; it needs 25% of the growth): the live knee, probes stop at "
+        "3.33 ms, 3.33 ms at 24; it needs 10% of the growth): the live knee, probes stop at "
         "24 for 30 tick(s): 36 -> 24"
     )
     assert (d.state.knee_base, d.state.probe_from, d.state.barrier) == (24, None, False)
@@ -1008,10 +1008,15 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     held = step(inputs(limit=24, **window, **_through(0.08, 24.0)), knee, FAST)
     assert held.action is Action.HOLD, held.reason
     assert "at the live knee (base 24: a probe past it bought no throughput)" in held.reason
-    # A probe that bought tokens stands (2.5 ms a step per request: +33 %), and the next
-    # one is judged from 36.
+    # A probe that bought tokens stands (2.5 ms a step per request: +33 %), says so, and
+    # the next one is judged from 36.
     d = at(0.09, 36.0)
     assert d.action is Action.UP and d.state.probe_from == (36, pytest.approx(0.09 / 36))
+    assert d.reason.startswith("the probe from 24 to 36 bought +33% throughput for +50%: it stands")
+    # +8 % for +50 % is little, but more than the reading moves on a flat stretch: it stands.
+    d = at(0.111, 36.0)
+    assert d.action is not Action.DOWN and d.state.knee_base is None, d.reason
+    assert "bought +8% throughput for +50%: it stands" in d.reason
     # Fewer steps than a request decodes: no verdict yet, and no sized probe either.
     d = at(0.12, 36.0, steps=10)
     assert d.action is Action.HOLD and d.state.probe_from == probe.state.probe_from, d.reason
