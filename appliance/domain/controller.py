@@ -35,15 +35,15 @@ AIMD with memory. Each tick, in `auto` mode:
   SLO): after a slow spell the window keeps its tail for `window_s`. Nor does a p99 TTFT in
   its dead band when `min_samples` or more of the engine's first tokens among those steps
   have a p99 under `fast_probe_below_ratio` of its SLO. Either probe is one step.
-- A sized probe waits until the engine's steps since the last change cover a request's
-  decode (its wave of new prompts amortised as at a steady limit), and must buy
-  throughput: once a request's decode has run at the new limit, the engine's speed
-  (running requests over a request's TPOT through the steps) must have grown by
-  `knee_min_gain_share` of the limit's growth. Else the limit goes back where the probe
-  came from, and probes stop there for `retry_ticks` (the live knee), or until the box runs
-  a step per running request in `knee_release_ratio` of the time it took there: past the
-  knee a limit buys latency, not throughput, and latency headroom alone climbs to the
-  TPOT SLO's edge.
+- A probe is sized only once the engine's steps since the last change cover a request's
+  decode (its wave of new prompts amortised as at a steady limit; before that it is one
+  step), and must buy throughput: once a request's decode has run at the new limit with a
+  queue, the engine's speed (running requests over a request's TPOT through the steps)
+  must have grown by `knee_min_gain_share` of the limit's growth. Else the limit goes back
+  where the probe came from, and probes stop there for `retry_ticks` (the live knee), or
+  until the box runs a step per running request in `knee_release_ratio` of the time it
+  took there: past the knee a limit buys latency, not throughput, and latency headroom
+  alone climbs to the TPOT SLO's edge.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
@@ -471,8 +471,9 @@ class ControllerState:
     # A sized probe awaiting its verdict (the live knee): the base it came from, and the
     # engine's time per step per running request there (_step_per_request_s).
     probe_from: tuple[int, float] | None = None
-    # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, while
-    # the box runs no faster than knee_step_s per step per running request.
+    # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, or
+    # until the box runs a step per running request in knee_release_ratio x knee_step_s
+    # (the faster of the two readings the knee was found on).
     knee_base: int | None = None
     knee_tick: int | None = None
     knee_step_s: float | None = None
@@ -701,7 +702,7 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
         # Within the SLO on evidence since a one-step cut: that step held, for now.
         t = replace(t, state=replace(t.state, mild_cut_tick=None))
     t = _knee_outlived(_breach_outlived(t))
-    # 3. A sized probe that bought no throughput goes back (the live knee).
+    # 3. A sized probe that bought too little throughput goes back (the live knee).
     judged = _judge_probe(t)
     if isinstance(judged, ControlDecision):
         return judged
@@ -749,8 +750,8 @@ def _step_per_request_s(
     one or more requests a step; with `whole`, also unless they cover a request's decode
     (a few seconds of steps may be a spike, no speed of the box)."""
     tpot, batch, gaps = inputs.live_request_tpot_s, inputs.live_batch, inputs.live_decode_gaps
-    if tpot is None or batch is None or batch < 1 or not _steps_judge(cfg, inputs, limit):
-        return None
+    if not tpot or batch is None or batch < 1 or not _steps_judge(cfg, inputs, limit):
+        return None  # a TPOT of 0 (no gap measured) is no speed, and would divide by zero
     if whole and (gaps is None or (inputs.live_request_steps or 0) < gaps):
         return None
     return tpot / batch
@@ -793,6 +794,7 @@ def _breach_outlived(t: _Tick) -> _Tick:
 
 
 def _add_note(t: _Tick, note: str) -> _Tick:
+    """The tick with a note for its reason (what it let go of or judged before deciding)."""
     return replace(t, note=f"{t.note}; {note}" if t.note else note)
 
 
@@ -861,12 +863,14 @@ def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
         f"probes stop at {from_limit} for {cfg.retry_ticks} tick(s): "
         f"{_move(t.limit, from_limit, t.base, from_base, t.factor)}"
     )
+    back = max(cfg.min_limit, from_base)  # min_limit may have risen since the probe
     return cleared.finish(
-        from_base,
+        back,
         Action.DOWN,
         reason,
         probe_from=None,
-        knee_base=from_base,
+        retrying_since_tick=None,  # a retry at the breaking point sent back did not hold
+        knee_base=back,
         knee_tick=t.tick,
         knee_step_s=min(then, now),
     )
@@ -920,7 +924,8 @@ def _clamp(t: _Tick) -> ControlDecision | None:
     else:
         why = f"below min_limit {cfg.min_limit}"
     reason = f"limit {base} {why}: {_move(t.limit, new_limit, base, new_base, t.factor)}"
-    return t.finish(new_base, Action.CLAMP, reason)
+    # A probe awaiting its verdict is not the limit the bounds set now.
+    return t.finish(new_base, Action.CLAMP, reason, probe_from=None)
 
 
 def _breaches(t: _Tick) -> list[str]:
@@ -1578,7 +1583,7 @@ def _probe(t: _Tick) -> ControlDecision:
             assert t.state.knee_tick is not None  # set with knee_base
             left = cfg.retry_ticks - (t.tick - t.state.knee_tick)
             return t.hold(
-                f"at the live knee (base {knee}: a probe past it bought no throughput), "
+                f"at the live knee (base {knee}: a probe past it bought too little throughput), "
                 f"{left} more tick(s)"
             )
     new_base, retrying_since, blocker = _respect_breach(t, wanted)

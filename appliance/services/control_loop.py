@@ -422,7 +422,7 @@ class ControlLoop:
                 else round(self.live.decode_gaps, 1),
                 "gap_median_s": _round_s(self.live.gap_median_s),
             },
-            # Where probes stop because a probe past it bought no throughput (the live knee).
+            # Where probes stop: a probe past it bought too little throughput (the live knee).
             "knee": None
             if self.state.knee_base is None or self.state.knee_tick is None
             else {

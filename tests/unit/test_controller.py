@@ -1007,7 +1007,7 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     knee = replace(d.state, tick=d.state.tick + 4)
     held = step(inputs(limit=24, **window, **_through(0.08, 24.0)), knee, FAST)
     assert held.action is Action.HOLD, held.reason
-    assert "at the live knee (base 24: a probe past it bought no throughput)" in held.reason
+    assert "at the live knee (base 24: a probe past it bought too little throughput)" in held.reason
     # A probe that bought tokens stands (2.5 ms a step per request: +33 %), says so, and
     # the next one is judged from 36.
     d = at(0.09, 36.0)
@@ -1017,6 +1017,20 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     d = at(0.111, 36.0)
     assert d.action is not Action.DOWN and d.state.knee_base is None, d.reason
     assert "bought +8% throughput for +50%: it stands" in d.reason
+    # The share is a tenth of the growth, +5 % here: +4 % goes back, +6 % stands.
+    for tpot, back in ((0.1154, True), (0.1132, False)):
+        d = at(tpot, 36.0)
+        assert (d.action is Action.DOWN) is back, d.reason
+    # A retry at the breaking point sent back did not hold: its retry is over.
+    retry = replace(later, barrier=True, breach_base=36, breach_tick=1, retrying_since_tick=99)
+    d = step(inputs(limit=36, **window, **_through(0.12, 36.0)), retry, FAST)
+    assert d.action is Action.DOWN and d.state.retrying_since_tick is None, d.reason
+    # A new ceiling clamps the limit: the probe awaiting its verdict is dropped.
+    d = at(0.12, 36.0, knee_limit=30)
+    assert (d.action, d.limit, d.state.probe_from) == (Action.CLAMP, 30, None), d.reason
+    # No gap measured (a TPOT of 0) is no speed: no verdict, and no division by zero.
+    d = at(0.0, 36.0)
+    assert d.action is not Action.DOWN and d.state.probe_from is not None, d.reason
     # Fewer steps than a request decodes: no verdict yet, and no sized probe either.
     d = at(0.12, 36.0, steps=10)
     assert d.action is Action.HOLD and d.state.probe_from == probe.state.probe_from, d.reason
