@@ -435,6 +435,18 @@ class ControlInputs:
 
 
 @dataclass(frozen=True)
+class PendingProbe:
+    """A sized probe awaiting its verdict (the live knee): where it came from, under which
+    derate, the engine's time per step per running request and batch there, and when."""
+
+    base: int
+    factor: float
+    step_s: float
+    batch: float
+    tick: int
+
+
+@dataclass(frozen=True)
 class ControllerState:
     """Hysteresis carried from one tick to the next."""
 
@@ -468,9 +480,8 @@ class ControllerState:
     # requests admitted before it finish. Nothing is admitted then, so no prompt is
     # prefilled: the engine's steps run fast and say nothing of the new limit under load.
     over_limit_s: float | None = None
-    # A sized probe awaiting its verdict (the live knee): the base it came from, and the
-    # engine's time per step per running request there (_step_per_request_s).
-    probe_from: tuple[int, float] | None = None
+    # A sized probe awaiting its verdict (the live knee); probes hold until it comes.
+    probe_from: PendingProbe | None = None
     # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, or
     # until the box runs a step per running request in knee_release_ratio x knee_step_s
     # (the faster of the two readings the knee was found on).
@@ -824,11 +835,11 @@ def _knee_outlived(t: _Tick) -> _Tick:
 
 def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
     """The verdict on a sized probe once a request's decode has run through the engine's
-    steps at the new limit: it stands when the engine's speed (running requests over the
-    step time) grew by knee_min_gain_share of the limit's growth, else the limit goes back
-    and probes stop there (the live knee). Until then it waits (the tick goes on: no sized
-    probe passes without that decode, _settled). With no queue the new room was not filled
-    and there is nothing to judge.
+    steps at the new limit with a queue: it stands when the engine's speed (running
+    requests over the step time) grew by knee_min_gain_share of the batch's growth, else the
+    limit goes back and probes stop there (the live knee). Until then probes hold
+    (_probe), for at most retry_ticks; a derate that moved meanwhile, or a batch that did
+    not grow (the prefill budget held the new room), leaves nothing to judge.
 
     Latency headroom alone climbs to the TPOT SLO's edge: on thermal static 24 and 32
     served the first cool phase alike (96 and 95, none late), while the controller climbed
@@ -836,34 +847,34 @@ def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
     goodput_trace_medgap_thermal, seed 0). A limit past the knee buys latency, not
     throughput."""
     state, cfg, inputs = t.state, t.cfg, t.inputs
-    if state.probe_from is None:
+    pending = state.probe_from
+    if pending is None:
         return t
-    from_base, then = state.probe_from
     cleared = replace(t, state=replace(state, probe_from=None))
-    if cfg.knee_min_gain_share is None or t.base <= from_base or inputs.queued == 0:
+    from_limit = derated(pending.base, pending.factor)
+    moved = abs(pending.factor - t.factor) > _EPS or inputs.protect
+    if cfg.knee_min_gain_share is None or t.base <= pending.base or moved:
         return cleared
     now = _step_per_request_s(cfg, inputs, t.limit, whole=True)
-    if now is None:
+    if now is None or inputs.queued == 0 or inputs.live_batch is None:
+        if t.tick - pending.tick >= cfg.retry_ticks:
+            return _add_note(cleared, f"no verdict on the probe from {from_limit}: it stands")
         return t
-    from_limit = derated(from_base, t.factor)
-    growth = t.limit / from_limit - 1
-    gain = then / now - 1
+    growth = inputs.live_batch / pending.batch - 1
+    gain = pending.step_s / now - 1
     if growth <= 0:
-        return cleared
+        return _add_note(cleared, f"the probe from {from_limit} ran no more requests: it stands")
+    bought = f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
     if gain >= cfg.knee_min_gain_share * growth:
-        return _add_note(
-            cleared,
-            f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
-            f"+{growth:.0%}: it stands",
-        )
+        return _add_note(cleared, f"{bought}+{growth:.0%} running: it stands")
     reason = (
-        f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
-        f"+{growth:.0%} (a step per running request {_fmt_s(now)}, {_fmt_s(then)} at "
-        f"{from_limit}; it needs {cfg.knee_min_gain_share:.0%} of the growth): the live knee, "
-        f"probes stop at {from_limit} for {cfg.retry_ticks} tick(s): "
-        f"{_move(t.limit, from_limit, t.base, from_base, t.factor)}"
+        f"{bought}+{growth:.0%} running (a step per running request {_fmt_s(now)}, "
+        f"{_fmt_s(pending.step_s)} at {from_limit}; it needs "
+        f"{cfg.knee_min_gain_share * growth:+.0%}): the live knee, probes stop at "
+        f"{from_limit} for {cfg.retry_ticks} tick(s): "
+        f"{_move(t.limit, from_limit, t.base, pending.base, t.factor)}"
     )
-    back = max(cfg.min_limit, from_base)  # min_limit may have risen since the probe
+    back = max(cfg.min_limit, pending.base)  # min_limit may have risen since the probe
     return cleared.finish(
         back,
         Action.DOWN,
@@ -872,7 +883,7 @@ def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
         retrying_since_tick=None,  # a retry at the breaking point sent back did not hold
         knee_base=back,
         knee_tick=t.tick,
-        knee_step_s=min(then, now),
+        knee_step_s=min(pending.step_s, now),
     )
 
 
@@ -1569,6 +1580,17 @@ def _probe(t: _Tick) -> ControlDecision:
     blocker = _probe_blocker(t)
     if blocker is not None:
         return t.hold(blocker)
+    pending = t.state.probe_from
+    if pending is not None:
+        # A one-step probe now would restart the steps the verdict waits for, and the climb
+        # would go on one step a hold with no verdict ever (thermal seed 2: 28 -> 42, then
+        # 43, 44, 45 at the TPOT SLO's edge; goodput_trace_knee_thermal).
+        inputs = t.inputs
+        return t.hold(
+            f"awaiting the verdict on the probe from {derated(pending.base, pending.factor)}: "
+            f"{inputs.live_request_steps or 0} of a request's "
+            f"{inputs.live_decode_gaps or 0:.0f} decode steps at {limit}"
+        )
     step, sized, fast = _probe_step(t)
     blocker = _hold_blocker(t, fast)
     if blocker is not None:
@@ -1598,10 +1620,23 @@ def _probe(t: _Tick) -> ControlDecision:
         f"{_ttft_gate(t)}{_history(t)}{sized or ''}{_probe_pressure(t)}: "
         f"{_move(limit, new_limit, t.base, new_base, factor)}"
     )
-    speed = _step_per_request_s(cfg, t.inputs, limit, whole=True)
-    pending = t.state.probe_from
-    if fast and speed is not None and cfg.knee_min_gain_share is not None:
-        pending = (t.base, speed)
     return t.finish(
-        new_base, Action.UP, reason, retrying_since_tick=retrying_since, probe_from=pending
+        new_base,
+        Action.UP,
+        reason,
+        retrying_since_tick=retrying_since,
+        probe_from=_pending_probe(t, new_limit) if fast else None,
     )
+
+
+def _pending_probe(t: _Tick, new_limit: int) -> PendingProbe | None:
+    """What a sized probe's verdict will judge it against; None when it is not judged: the
+    rule is off, the speed or batch here is not known, or a cap left it one step (a tenth
+    of a few percent is within the reading's noise)."""
+    cfg, inputs = t.cfg, t.inputs
+    speed = _step_per_request_s(cfg, inputs, t.limit, whole=True)
+    if cfg.knee_min_gain_share is None or speed is None or inputs.live_batch is None:
+        return None
+    if new_limit - t.limit <= cfg.increase_step:
+        return None
+    return PendingProbe(t.base, t.factor, speed, inputs.live_batch, t.tick)

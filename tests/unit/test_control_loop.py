@@ -609,12 +609,13 @@ async def test_a_probe_that_bought_no_throughput_goes_back_and_probes_stop_at_th
     assert d.action is verdict, d.reason
     if verdict is Action.UP:
         # The probe stood, and the next one went on from it.
-        assert "the probe from 4 to 6 bought +23% throughput for +50%: it stands" in d.reason
+        assert "the probe from 4 to 6 bought +23% throughput for +" in d.reason
+        assert "running: it stands" in d.reason
         assert admission.base_limit > 6 and loop.state.knee_base is None, d.reason
         await _cancel(tasks)
         return
     assert admission.base_limit == 4 and loop.state.knee_base == 4
-    assert "the probe from 4 to 6 bought +1% throughput for +50%" in d.reason
+    assert "the probe from 4 to 6 bought +1% throughput for +" in d.reason
     assert "the live knee, probes stop at 4" in d.reason
     for t in tasks[:2]:  # two of the five running finish: the limit holds them again
         t.cancel()

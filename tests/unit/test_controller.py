@@ -987,7 +987,9 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     window = {"ttft": 0.5, "tpot": 0.06}
     probe = step(inputs(limit=24, **window, **_through(0.08, 24.0)), settled(), FAST)
     assert (probe.action, probe.limit) == (Action.UP, 36), probe.reason
-    assert probe.state.probe_from == (24, pytest.approx(0.08 / 24))
+    pending = probe.state.probe_from
+    assert pending is not None and (pending.base, pending.batch) == (24, 24.0)
+    assert pending.step_s == pytest.approx(0.08 / 24)
     later = replace(probe.state, tick=probe.state.tick + 2)
 
     def at(tpot: float, batch: float, steps: int = 30, **kw: object) -> ControlDecision:
@@ -998,9 +1000,9 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     d = at(0.12, 36.0)
     assert (d.action, d.limit) == (Action.DOWN, 24), d.reason
     assert d.reason == (
-        "the probe from 24 to 36 bought +0% throughput for +50% (a step per running request "
-        "3.33 ms, 3.33 ms at 24; it needs 10% of the growth): the live knee, probes stop at "
-        "24 for 30 tick(s): 36 -> 24"
+        "the probe from 24 to 36 bought +0% throughput for +50% running (a step per running "
+        "request 3.33 ms, 3.33 ms at 24; it needs +5%): the live knee, probes stop at 24 for "
+        "30 tick(s): 36 -> 24"
     )
     assert (d.state.knee_base, d.state.probe_from, d.state.barrier) == (24, None, False)
     # At the knee, far below the SLO with a queue: no probe past it while it lasts.
@@ -1011,12 +1013,15 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     # A probe that bought tokens stands (2.5 ms a step per request: +33 %), says so, and
     # the next one is judged from 36.
     d = at(0.09, 36.0)
-    assert d.action is Action.UP and d.state.probe_from == (36, pytest.approx(0.09 / 36))
-    assert d.reason.startswith("the probe from 24 to 36 bought +33% throughput for +50%: it stands")
+    assert d.action is Action.UP and d.state.probe_from is not None
+    assert d.state.probe_from.base == 36, d.reason
+    assert d.reason.startswith(
+        "the probe from 24 to 36 bought +33% throughput for +50% running: it stands"
+    )
     # +8 % for +50 % is little, but more than the reading moves on a flat stretch: it stands.
     d = at(0.111, 36.0)
     assert d.action is not Action.DOWN and d.state.knee_base is None, d.reason
-    assert "bought +8% throughput for +50%: it stands" in d.reason
+    assert "bought +8% throughput for +50% running: it stands" in d.reason
     # The share is a tenth of the growth, +5 % here: +4 % goes back, +6 % stands.
     for tpot, back in ((0.1154, True), (0.1132, False)):
         d = at(tpot, 36.0)
@@ -1031,12 +1036,26 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     # No gap measured (a TPOT of 0) is no speed: no verdict, and no division by zero.
     d = at(0.0, 36.0)
     assert d.action is not Action.DOWN and d.state.probe_from is not None, d.reason
-    # Fewer steps than a request decodes: no verdict yet, and no sized probe either.
+    # Fewer steps than a request decodes, or no queue this tick: no verdict yet, and no
+    # probe at all (a one-step probe would restart the steps the verdict waits for).
+    for kw in ({"steps": 10}, {"queued": 0}):
+        d = at(0.12, 36.0, **kw)  # type: ignore[arg-type]
+        assert d.action is Action.HOLD and d.state.probe_from == pending, d.reason
     d = at(0.12, 36.0, steps=10)
-    assert d.action is Action.HOLD and d.state.probe_from == probe.state.probe_from, d.reason
-    # No queue: the new room was not filled, nothing to judge; the probe stands.
-    d = at(0.12, 36.0, queued=0)
-    assert (d.action, d.limit, d.state.probe_from) == (Action.HOLD, 36, None), d.reason
+    assert "awaiting the verdict on the probe from 24: 10 of a request's 30 decode steps" in (
+        d.reason
+    )
+    # No verdict within retry_ticks: the probe stands.
+    late = replace(later, tick=pending.tick + FAST.retry_ticks - 1)
+    d = step(inputs(limit=36, **window, **_through(0.12, 36.0, steps=10)), late, FAST)
+    assert d.state.probe_from is None and "no verdict on the probe from 24: it stands" in d.reason
+    # The batch did not grow (the prefill budget held the new room): nothing to judge.
+    d = at(0.12, 24.0)
+    assert d.action is not Action.DOWN and d.state.probe_from is None, d.reason
+    assert "the probe from 24 ran no more requests: it stands" in d.reason
+    # A derate that moved since the probe: the speeds are of two boxes, no verdict.
+    d = at(0.12, 36.0, derate_factor=0.75)
+    assert d.action is not Action.DOWN and d.state.probe_from is None, d.reason
     # With the rule off the probe stands whatever it bought.
     d = step(
         inputs(limit=36, **window, **_through(0.12, 36.0)),
