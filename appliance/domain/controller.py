@@ -39,11 +39,12 @@ AIMD with memory. Each tick, in `auto` mode:
   decode (its wave of new prompts amortised as at a steady limit; before that it is one
   step), and must buy throughput: once a request's decode has run at the new limit with a
   queue, the engine's speed (running requests over a request's TPOT through the steps)
-  must have grown by `knee_min_gain_share` of the limit's growth. Else the limit goes back
-  where the probe came from, and probes stop there for `retry_ticks` (the live knee), or
-  until the box runs a step per running request in `knee_release_ratio` of the time it
-  took there: past the knee a limit buys latency, not throughput, and latency headroom
-  alone climbs to the TPOT SLO's edge.
+  must have grown by `knee_min_gain_share` of the batch's growth. Until that verdict
+  (at most `retry_ticks`) probes hold. Else the limit goes back where the probe came
+  from, and probes stop there for `retry_ticks` (the live knee), or until the box runs a
+  step per running request in `knee_release_ratio` of the time it took there: past the
+  knee a limit buys latency, not throughput, and latency headroom alone climbs to the
+  TPOT SLO's edge.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
