@@ -161,7 +161,7 @@ class ControllerConfig:
     stale_breach_step_ratio: float = 0.6
     # The live knee: a sized probe must buy throughput. Once a request's decode has run
     # through the engine's steps at the new limit, the engine's speed (running requests per
-    # step time: tokens per second) must have grown by at least this share of the limit's
+    # step time: tokens per second) must have grown by at least this share of the batch's
     # growth, or the limit goes back to where the probe came from and probes stop there for
     # retry_ticks. Past the knee a CPU engine's step time grows with the batch: the limit
     # buys latency, not throughput (docs/benchmarks.md, goodput_trace_medgap_thermal).
