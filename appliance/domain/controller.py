@@ -37,8 +37,8 @@ AIMD with memory. Each tick, in `auto` mode:
   have a p99 under `fast_probe_below_ratio` of its SLO. Either probe is one step.
 - A probe is sized only once the engine's steps since the last change cover a request's
   decode (its wave of new prompts amortised as at a steady limit; before that it is one
-  step), and must buy throughput: once a request's decode has run at the new limit with a
-  queue, the engine's speed (running requests over a request's TPOT through the steps)
+  step), and must buy throughput: once a request's decode has run at the new limit, on a
+  tick with a queue, the engine's speed (running requests over a request's TPOT through the steps)
   must have grown by `knee_min_gain_share` of the batch's growth. Until that verdict
   (at most `retry_ticks`) probes hold. Else the limit goes back where the probe came
   from, and probes stop there for `retry_ticks` (the live knee), or until the box runs a
@@ -481,7 +481,8 @@ class ControllerState:
     # requests admitted before it finish. Nothing is admitted then, so no prompt is
     # prefilled: the engine's steps run fast and say nothing of the new limit under load.
     over_limit_s: float | None = None
-    # A sized probe awaiting its verdict (the live knee); probes hold until it comes.
+    # A sized probe awaiting its verdict (the live knee); probes hold until it comes (at
+    # most retry_ticks).
     probe_from: PendingProbe | None = None
     # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, or
     # until the box runs a step per running request in knee_release_ratio x knee_step_s
@@ -1633,7 +1634,7 @@ def _probe(t: _Tick) -> ControlDecision:
 def _pending_probe(t: _Tick, new_limit: int) -> PendingProbe | None:
     """What a sized probe's verdict will judge it against; None when it is not judged: the
     rule is off, the speed or batch here is not known, or a cap left it one step (a tenth
-    of a few percent is within the reading's noise)."""
+    of a one-step growth is within the reading's noise)."""
     cfg, inputs = t.cfg, t.inputs
     speed = _step_per_request_s(cfg, inputs, t.limit, whole=True)
     if cfg.knee_min_gain_share is None or speed is None or inputs.live_batch is None:

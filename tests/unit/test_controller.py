@@ -1045,6 +1045,16 @@ def test_a_sized_probe_that_bought_no_throughput_goes_back_to_the_live_knee():
     assert "awaiting the verdict on the probe from 24: 10 of a request's 30 decode steps" in (
         d.reason
     )
+    # Past every hold after the change, still short of a decode: held, not one step more.
+    waiting = replace(later, tick=later.tick + 4)
+    d = step(inputs(limit=36, **window, **_through(0.12, 36.0, steps=10)), waiting, FAST)
+    assert d.action is Action.HOLD and "awaiting the verdict" in d.reason, d.reason
+    # Growth is the batch's: 30 running at 36 (+25 %) needs +2.5 %; +4 % stands (on the
+    # limit's +50 % it would need +5 % and go back). PROTECT leaves nothing to judge.
+    d = at(0.1154 * 30 / 36, 30.0)
+    assert d.action is not Action.DOWN and "for +25% running: it stands" in d.reason, d.reason
+    d = at(0.12, 36.0, protect=True)
+    assert d.action is not Action.DOWN and d.state.probe_from is None, d.reason
     # No verdict within retry_ticks: the probe stands.
     late = replace(later, tick=pending.tick + FAST.retry_ticks - 1)
     d = step(inputs(limit=36, **window, **_through(0.12, 36.0, steps=10)), late, FAST)
