@@ -35,16 +35,6 @@ AIMD with memory. Each tick, in `auto` mode:
   SLO): after a slow spell the window keeps its tail for `window_s`. Nor does a p99 TTFT in
   its dead band when `min_samples` or more of the engine's first tokens among those steps
   have a p99 under `fast_probe_below_ratio` of its SLO. Either probe is one step.
-- A probe is sized only once the engine's steps since the last change cover a request's
-  decode (its wave of new prompts amortised as at a steady limit; before that it is one
-  step), and must buy throughput: once a request's decode has run at the new limit, on a
-  tick with a queue, the engine's speed (running requests over a request's TPOT through the steps)
-  must have grown by `knee_min_gain_share` of the batch's growth. Until that verdict
-  (at most `retry_ticks`) probes hold. Else the limit goes back where the probe came
-  from, and probes stop there for `retry_ticks` (the live knee), or until the box runs a
-  step per running request in `knee_release_ratio` of the time it took there: past the
-  knee a limit buys latency, not throughput, and latency headroom alone climbs to the
-  TPOT SLO's edge.
 - While more run than the limit (a cut's requests still draining) it never probes, and the
   engine's steps from then are no evidence: nothing is admitted, nothing prefilled, and the
   steps read fast whatever the limit.
@@ -159,20 +149,6 @@ class ControllerConfig:
     # by a quarter runs each request's step in about the same time (a little more: a step's
     # fixed part is shared by fewer), so noise on a steady load stays well above 0.6.
     stale_breach_step_ratio: float = 0.6
-    # The live knee: a sized probe must buy throughput. Once a request's decode has run
-    # through the engine's steps at the new limit, the engine's speed (running requests per
-    # step time: tokens per second) must have grown by at least this share of the batch's
-    # growth, or the limit goes back to where the probe came from and probes stop there for
-    # retry_ticks. Past the knee a CPU engine's step time grows with the batch: the limit
-    # buys latency, not throughput (docs/benchmarks.md, goodput_trace_medgap_thermal).
-    # A tenth: what the speed reads within over a request's decode on a flat stretch
-    # (0 to -1 % for +39 to +50 % on thermal, goodput_trace_knee_thermal); at a quarter an
-    # +8 % gain for +50 % went back, to 18 where static 24 served 14 % more.
-    # None: probes climb on latency headroom alone.
-    knee_min_gain_share: float | None = 0.1
-    # The live knee goes once the box runs a step per running request in this share of the
-    # time it took at the knee or less: a faster box (a cool-down, a document phase over).
-    knee_release_ratio: float = 0.8
     window_s: float = 30.0
     min_samples: int = 8
     tick_s: float = 2.0
@@ -272,12 +248,13 @@ def _memory_problems(cfg: ControllerConfig) -> list[Problem]:
                 f"must be >= {{retry_ticks}} ({cfg.retry_ticks}), got {cfg.retry_ticks_max}",
             )
         )
-    for name in ("stale_breach_step_ratio", "knee_release_ratio"):
-        if not 0 < getattr(cfg, name) <= 1:
-            problems.append(Problem(name, f"must be in (0, 1], got {getattr(cfg, name)}"))
-    share = cfg.knee_min_gain_share
-    if share is not None and not 0 < share <= 1:
-        problems.append(Problem("knee_min_gain_share", f"must be in (0, 1] or null, got {share}"))
+    if not 0 < cfg.stale_breach_step_ratio <= 1:
+        problems.append(
+            Problem(
+                "stale_breach_step_ratio",
+                f"must be in (0, 1], got {cfg.stale_breach_step_ratio}",
+            )
+        )
     return problems
 
 
@@ -436,18 +413,6 @@ class ControlInputs:
 
 
 @dataclass(frozen=True)
-class PendingProbe:
-    """A sized probe awaiting its verdict (the live knee): where it came from, under which
-    derate, the engine's time per step per running request and batch there, and when."""
-
-    base: int
-    factor: float
-    step_s: float
-    batch: float
-    tick: int
-
-
-@dataclass(frozen=True)
 class ControllerState:
     """Hysteresis carried from one tick to the next."""
 
@@ -481,15 +446,6 @@ class ControllerState:
     # requests admitted before it finish. Nothing is admitted then, so no prompt is
     # prefilled: the engine's steps run fast and say nothing of the new limit under load.
     over_limit_s: float | None = None
-    # A sized probe awaiting its verdict (the live knee); probes hold until it comes (at
-    # most retry_ticks).
-    probe_from: PendingProbe | None = None
-    # The live knee: probes stay at or under knee_base from knee_tick for retry_ticks, or
-    # until the box runs a step per running request in knee_release_ratio x knee_step_s
-    # (the faster of the two readings the knee was found on).
-    knee_base: int | None = None
-    knee_tick: int | None = None
-    knee_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -714,13 +670,9 @@ def _auto(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) 
     if t.state.mild_cut_tick is not None and _judged(t):
         # Within the SLO on evidence since a one-step cut: that step held, for now.
         t = replace(t, state=replace(t.state, mild_cut_tick=None))
-    t = _knee_outlived(_breach_outlived(t))
-    # 3. A sized probe that bought too little throughput goes back (the live knee).
-    judged = _judge_probe(t)
-    if isinstance(judged, ControlDecision):
-        return judged
-    # 4. Hold unless every condition for a probe holds.
-    return _probe(judged)
+    t = _breach_outlived(t)
+    # 3. Hold unless every condition for a probe holds.
+    return _probe(t)
 
 
 def _start_tick(cfg: ControllerConfig, inputs: ControlInputs, state: ControllerState) -> _Tick:
@@ -763,8 +715,8 @@ def _step_per_request_s(
     one or more requests a step; with `whole`, also unless they cover a request's decode
     (a few seconds of steps may be a spike, no speed of the box)."""
     tpot, batch, gaps = inputs.live_request_tpot_s, inputs.live_batch, inputs.live_decode_gaps
-    if not tpot or batch is None or batch < 1 or not _steps_judge(cfg, inputs, limit):
-        return None  # a TPOT of 0 (no gap measured) is no speed, and would divide by zero
+    if tpot is None or batch is None or batch < 1 or not _steps_judge(cfg, inputs, limit):
+        return None
     if whole and (gaps is None or (inputs.live_request_steps or 0) < gaps):
         return None
     return tpot / batch
@@ -804,96 +756,6 @@ def _breach_outlived(t: _Tick) -> _Tick:
         f"a slower box's breaking point, let go"
     )
     return replace(t, state=let_breaking_point_go(state), note=note)
-
-
-def _add_note(t: _Tick, note: str) -> _Tick:
-    """The tick with a note for its reason (what it let go of or judged before deciding)."""
-    return replace(t, note=f"{t.note}; {note}" if t.note else note)
-
-
-def _knee_outlived(t: _Tick) -> _Tick:
-    """Let the live knee go after retry_ticks, or once the box runs a step per running
-    request in knee_release_ratio of the time it took at the knee or less: a knee measured
-    on a hot box, or on a document phase's prefills, is not the knee of the faster box now."""
-    state = t.state
-    if state.knee_base is None or state.knee_tick is None:
-        return t
-    age = t.tick - state.knee_tick
-    now = _step_per_request_s(t.cfg, t.inputs, t.limit, whole=True)
-    then = state.knee_step_s
-    if age >= t.cfg.retry_ticks:
-        why = f"the live knee at base {state.knee_base} is {age} ticks old: let go"
-    elif now is not None and then and now <= t.cfg.knee_release_ratio * then:
-        why = (
-            f"the engine runs a step per running request in {_fmt_s(now)}, {now / then:.0%} "
-            f"of the {_fmt_s(then)} at the live knee (base {state.knee_base}): a slower "
-            f"box's knee, let go"
-        )
-    else:
-        return t
-    cleared = replace(state, knee_base=None, knee_tick=None, knee_step_s=None)
-    return _add_note(replace(t, state=cleared), why)
-
-
-def _judge_probe(t: _Tick) -> _Tick | ControlDecision:
-    """The verdict on a sized probe once a request's decode has run through the engine's
-    steps at the new limit with a queue: it stands when the engine's speed (running
-    requests over the step time) grew by knee_min_gain_share of the batch's growth, else the
-    limit goes back and probes stop there (the live knee). Until then probes hold
-    (_probe), for at most retry_ticks; a derate that moved meanwhile, or a batch that did
-    not grow (the prefill budget held the new room), leaves nothing to judge.
-
-    Latency headroom alone climbs to the TPOT SLO's edge: on thermal static 24 and 32
-    served the first cool phase alike (96 and 95, none late), while the controller climbed
-    to 60 on headroom read at 41 and served 45 in time and 45 late (docs/benchmarks.md,
-    goodput_trace_medgap_thermal, seed 0). A limit past the knee buys latency, not
-    throughput."""
-    state, cfg, inputs = t.state, t.cfg, t.inputs
-    pending = state.probe_from
-    if pending is None:
-        return t
-    cleared = replace(t, state=replace(state, probe_from=None))
-    from_limit = derated(pending.base, pending.factor)
-    moved = abs(pending.factor - t.factor) > _EPS or inputs.protect
-    if cfg.knee_min_gain_share is None or t.base <= pending.base or moved:
-        return cleared
-    now = _step_per_request_s(cfg, inputs, t.limit, whole=True)
-    if now is None or inputs.queued == 0 or inputs.live_batch is None:
-        if t.tick - pending.tick >= cfg.retry_ticks:
-            return _add_note(cleared, f"no verdict on the probe from {from_limit}: it stands")
-        return t
-    growth = inputs.live_batch / pending.batch - 1
-    gain = pending.step_s / now - 1
-    if growth <= 0:
-        return _add_note(cleared, f"the probe from {from_limit} ran no more requests: it stands")
-    bought = f"the probe from {from_limit} to {t.limit} bought {gain:+.0%} throughput for "
-    if gain >= cfg.knee_min_gain_share * growth:
-        return _add_note(cleared, f"{bought}+{growth:.0%} running: it stands")
-    reason = (
-        f"{bought}+{growth:.0%} running (a step per running request {_fmt_s(now)}, "
-        f"{_fmt_s(pending.step_s)} at {from_limit}; it needs "
-        f"{cfg.knee_min_gain_share * growth:+.0%}): the live knee, probes stop at "
-        f"{from_limit} for {cfg.retry_ticks} tick(s): "
-        f"{_move(t.limit, from_limit, t.base, pending.base, t.factor)}"
-    )
-    back = max(cfg.min_limit, pending.base)  # min_limit may have risen since the probe
-    return cleared.finish(
-        back,
-        Action.DOWN,
-        reason,
-        probe_from=None,
-        retrying_since_tick=None,  # a retry at the breaking point sent back did not hold
-        knee_base=back,
-        knee_tick=t.tick,
-        knee_step_s=min(pending.step_s, now),
-    )
-
-
-def _settled(t: _Tick) -> bool:
-    """The engine's steps since the last change cover a request's decode (where its length
-    is known): the new requests' prefill wave is amortised as it is at a steady limit."""
-    gaps = t.inputs.live_decode_gaps
-    return gaps is None or (t.inputs.live_request_steps or 0) >= gaps
 
 
 def _tail_for_cuts(
@@ -937,8 +799,7 @@ def _clamp(t: _Tick) -> ControlDecision | None:
     else:
         why = f"below min_limit {cfg.min_limit}"
     reason = f"limit {base} {why}: {_move(t.limit, new_limit, base, new_base, t.factor)}"
-    # A probe awaiting its verdict is not the limit the bounds set now.
-    return t.finish(new_base, Action.CLAMP, reason, probe_from=None)
+    return t.finish(new_base, Action.CLAMP, reason)
 
 
 def _breaches(t: _Tick) -> list[str]:
@@ -1200,7 +1061,6 @@ def _back_off(t: _Tick, cause: str) -> ControlDecision:
         retrying_since_tick=None,
         cut_landed_base=new_base,
         breach_step_s=_speed_at_breach(t),
-        probe_from=None,
         recent_cuts=(
             *((ts, b) for ts, b in state.recent_cuts if t.inputs.now_s - ts < _takeover_s(cfg)),
             (t.inputs.now_s, t.base),
@@ -1539,11 +1399,6 @@ def _probe_step(t: _Tick) -> tuple[int, str | None, bool]:
         # A gating tail is in the dead band and only the engine's steps call it history:
         # a few seconds of steps opened the gate, no headroom to size a probe on.
         return step, None, False
-    if not _settled(t):
-        # The steps since the last change hold its own wave of prefills and the requests
-        # from before it: 12 steps at 41 read 46 % of the SLO, and 41 -> 61 ran 113 %
-        # (docs/benchmarks.md, goodput_trace_medgap_thermal, seed 0).
-        return step, None, False
     measured = _worst_ratio(cfg, evidence)
     if measured is None:
         return step, None, False
@@ -1582,17 +1437,6 @@ def _probe(t: _Tick) -> ControlDecision:
     blocker = _probe_blocker(t)
     if blocker is not None:
         return t.hold(blocker)
-    pending = t.state.probe_from
-    if pending is not None:
-        # A one-step probe now would restart the steps the verdict waits for, and the climb
-        # would go on one step a hold with no verdict ever (thermal seed 2: 28 -> 42, then
-        # 43, 44, 45 at the TPOT SLO's edge; goodput_trace_knee_thermal).
-        inputs = t.inputs
-        return t.hold(
-            f"awaiting the verdict on the probe from {derated(pending.base, pending.factor)}: "
-            f"{inputs.live_request_steps or 0} of a request's "
-            f"{inputs.live_decode_gaps or 0:.0f} decode steps at {limit}"
-        )
     step, sized, fast = _probe_step(t)
     blocker = _hold_blocker(t, fast)
     if blocker is not None:
@@ -1600,16 +1444,6 @@ def _probe(t: _Tick) -> ControlDecision:
     wanted = min(t.upper, base_for(limit + step, factor))
     if factor < 1 - _EPS:
         wanted = min(wanted, _derate_ceiling(t))
-    knee = t.state.knee_base
-    if knee is not None and wanted > knee:
-        wanted = knee
-        if derated(knee, factor) <= limit:
-            assert t.state.knee_tick is not None  # set with knee_base
-            left = cfg.retry_ticks - (t.tick - t.state.knee_tick)
-            return t.hold(
-                f"at the live knee (base {knee}: a probe past it bought too little throughput), "
-                f"{left} more tick(s)"
-            )
     new_base, retrying_since, blocker = _respect_breach(t, wanted)
     if blocker is not None:
         return t.hold(blocker)
@@ -1622,23 +1456,4 @@ def _probe(t: _Tick) -> ControlDecision:
         f"{_ttft_gate(t)}{_history(t)}{sized or ''}{_probe_pressure(t)}: "
         f"{_move(limit, new_limit, t.base, new_base, factor)}"
     )
-    return t.finish(
-        new_base,
-        Action.UP,
-        reason,
-        retrying_since_tick=retrying_since,
-        probe_from=_pending_probe(t, new_limit) if fast else None,
-    )
-
-
-def _pending_probe(t: _Tick, new_limit: int) -> PendingProbe | None:
-    """What a sized probe's verdict will judge it against; None when it is not judged: the
-    rule is off, the speed or batch here is not known, or a cap left it one step (a tenth
-    of a one-step growth is within the reading's noise)."""
-    cfg, inputs = t.cfg, t.inputs
-    speed = _step_per_request_s(cfg, inputs, t.limit, whole=True)
-    if cfg.knee_min_gain_share is None or speed is None or inputs.live_batch is None:
-        return None
-    if new_limit - t.limit <= cfg.increase_step:
-        return None
-    return PendingProbe(t.base, t.factor, speed, inputs.live_batch, t.tick)
+    return t.finish(new_base, Action.UP, reason, retrying_since_tick=retrying_since)

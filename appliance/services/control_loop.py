@@ -422,16 +422,6 @@ class ControlLoop:
                 else round(self.live.decode_gaps, 1),
                 "gap_median_s": _round_s(self.live.gap_median_s),
             },
-            # Where probes stop: a probe past it bought too little throughput (the live knee).
-            "knee": None
-            if self.state.knee_base is None or self.state.knee_tick is None
-            else {
-                "base_limit": self.state.knee_base,
-                "ticks_left": max(
-                    0, self.cfg.retry_ticks - (self.state.tick - self.state.knee_tick)
-                ),
-                "step_per_request_s": _round_s(self.state.knee_step_s),
-            },
             "forecast": None
             if self.forecast is None
             else {
