@@ -244,6 +244,10 @@ class PhaseResult:
     late_ttft: int = 0  # served with a first token past the TTFT objective
     late_tpot: int = 0  # served with a TPOT past its objective
     rejected: int = 0  # refused with a 429
+    # The served requests' TPOT as this client saw it (to set beside the daemon's own
+    # reading in the timeline: the SLO is judged here, after the HTTP layer).
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,7 @@ def summarise(
     for i in range(len(trace.segments)):
         idx = [k for k, a in enumerate(arrivals) if a.segment == i]
         served = [samples[k] for k in idx if samples[k].ok]
+        tpots = [s.tpot_s for s in served if s.tpot_s is not None]
         phases.append(
             PhaseResult(
                 i,
@@ -299,6 +304,8 @@ def summarise(
                 late_ttft=sum(slo.late_ttft(s) for s in served),
                 late_tpot=sum(slo.late_tpot(s) for s in served),
                 rejected=sum(samples[k].status == 429 for k in idx),
+                tpot_p50_s=_pct(tpots, 50),
+                tpot_p99_s=_pct(tpots, 99),
             )
         )
     rejected = sum(s.status == 429 for s in samples)
@@ -369,6 +376,8 @@ async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: 
         adm = snap.get("admission") or {}
         ctl = snap.get("controller") or {}
         prefill = ctl.get("prefill") or {}
+        live = ctl.get("live") or {}
+        last = ctl.get("last") or {}
         changes = [d for d in ctl.get("decisions") or () if d.get("ts_s", -math.inf) > seen_ts]
         if changes:
             seen_ts = max(d["ts_s"] for d in changes)
@@ -380,6 +389,12 @@ async def _watch(daemon: Daemon, t0: float, out: list[dict[str, Any]], every_s: 
                 "in_flight": adm.get("in_flight"),
                 "queued": sum((adm.get("queued") or {}).values()),
                 "prefill_budget_tokens": prefill.get("budget_tokens"),
+                # What the controller read this tick: the window's p99 TPOT (finished
+                # requests), a request's TPOT through the engine's steps, and why it acted.
+                "window_tpot_p99_s": (snap.get("latency") or {}).get("tpot_p99_s"),
+                "live_request_tpot_s": live.get("request_tpot_s"),
+                "live_batch": live.get("batch"),
+                "reason": last.get("reason"),
                 "changes": [d.get("reason") for d in changes],
             }
         )

@@ -115,8 +115,12 @@ def test_each_phase_says_why_its_requests_were_not_good() -> None:
     ]
     run = summarise(trace, "controller", 0, arrivals, samples, GoodputSlo(5.0, 0.5))
     assert run.phases == (
-        PhaseResult(0, 4, 1, ok=3, late_ttft=2, late_tpot=1, rejected=1),
-        PhaseResult(1, 2, 1, ok=2, late_ttft=0, late_tpot=1, rejected=0),
+        PhaseResult(
+            0, 4, 1, ok=3, late_ttft=2, late_tpot=1, rejected=1, tpot_p50_s=0.1, tpot_p99_s=0.9
+        ),
+        PhaseResult(
+            1, 2, 1, ok=2, late_ttft=0, late_tpot=1, rejected=0, tpot_p50_s=0.2, tpot_p99_s=0.6
+        ),
     )
     assert (run.good, run.ok, run.rejected) == (2, 5, 1)
 
