@@ -142,6 +142,42 @@ def test_cells_take_the_best_static_of_seed_zero_and_medians() -> None:
     assert row["controller_vs_unbounded"] == pytest.approx(3.3)
 
 
+def test_the_ceiling_of_a_ratio_is_the_most_any_arm_served_over_the_oracles_good_ones() -> None:
+    from dataclasses import replace
+
+    from bench.goodput_trace import render_markdown, served_vs_static
+
+    def run(arm: str, seed: int, good: int, ok: int) -> TraceRun:
+        return replace(_run(arm, seed, good / 10), good=good, ok=ok)
+
+    runs = [
+        run("static:24", 0, 90, 90),  # every request it served was good
+        run("static:32", 0, 80, 95),
+        run("controller", 0, 60, 92),  # served more, many late: it bounds nothing
+        run("static:24", 1, 70, 75),
+        run("controller", 1, 72, 84),
+        run("static:32", 2, 50, 50),  # not the best limit: no seed of its own counts
+    ]
+    got = served_vs_static(runs, "static:24")
+    # Seed 0: the most served is static 32's 95 over 90 good; seed 1: 84 over 70.
+    assert got == pytest.approx(
+        {"median": (95 / 90 + 84 / 70) / 2, "min": 95 / 90, "max": 1.2, "n": 2}
+    )
+    assert served_vs_static([run("static:24", 0, 0, 5)], "static:24") is None
+    (row,) = cells(runs)
+    assert row["served_vs_static"] == got
+    doc = {
+        "plan": {"slo": {"ttft_s": 5.0, "tpot_s": 0.5}, "max_tokens": 32, "warmup_s": 0},
+        "measured_at_unix_s": 0,
+        "command": "x",
+        "machine": "m",
+        "capacity_rps": 4.0,
+        "cells": [row],
+        "notes": [],
+    }
+    assert "- t: 1.13x [1.06-1.20]" in render_markdown(doc)
+
+
 def test_goodput_counts_ttft_and_tpot() -> None:
     slo = GoodputSlo(5.0, 0.5)
     from appliance.bench_runner import RequestSample
