@@ -703,18 +703,24 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def served_vs_static(runs: Sequence[TraceRun], best_arm: str) -> dict[str, float] | None:
+def served_ratios(runs: Sequence[TraceRun], best_arm: str) -> list[float]:
     """Per seed the best static limit ran: the most requests any arm served (a 200, in time
-    or late) over the best static limit's good ones; their median and spread. A controller
-    that serves no more than the busiest arm, every request in time, beats the oracle by
-    this much at most: where it is under the target ratio, the box itself bounds the run.
-    None without a good static request."""
+    or late) over the best static limit's good ones (seeds with none left out). A
+    controller that serves no more than the busiest arm, every request in time, beats the
+    oracle by this much at most: where it is under the target ratio, the box itself bounds
+    the run."""
     ratios = []
     for seed in sorted({r.seed for r in runs if r.arm == best_arm}):
         mine = [r for r in runs if r.seed == seed]
         good = max(r.good for r in mine if r.arm == best_arm)
         if good > 0:
             ratios.append(max(r.ok for r in mine) / good)
+    return ratios
+
+
+def served_vs_static(runs: Sequence[TraceRun], best_arm: str) -> dict[str, float] | None:
+    """served_ratios' median and spread; None without a good static request."""
+    ratios = served_ratios(runs, best_arm)
     return _spread(ratios) if ratios else None
 
 
