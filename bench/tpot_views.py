@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -30,7 +29,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from appliance.bench_runner import Target, document_prompt, stream_chat  # noqa: E402
-from bench.goodput import _load_session  # noqa: E402
+from appliance.domain.incidents import REQUEST_EVENT, parse_lines  # noqa: E402
+from bench.goodput import GoodputSlo, _load_session  # noqa: E402
+from bench.goodput_trace import Plan, _daemon_config  # noqa: E402
+from bench.goodput_trace import _pct as pct  # noqa: E402
 from bench.report import MODEL_DIR, publish_doc  # noqa: E402
 
 TICK_S = 0.01
@@ -50,46 +52,32 @@ class Row:
     loop_lag_p99_ms: float | None
 
 
-def pct(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank percentile (None for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered), round(q / 100 * len(ordered))) - 1)]
-
-
 def daemon_tpots(log_lines: Iterable[str]) -> list[float]:
-    """The TPOT of every request the daemon's log says is done (its JSON lines)."""
+    """The TPOT of every request the daemon's log says is done (`appliance logs analyze`'s
+    reader of its JSON lines)."""
     out = []
-    for line in log_lines:
-        if "request_done" not in line or "{" not in line:
-            continue
-        try:
-            event = json.loads(line[line.index("{") :])
-        except ValueError:
-            continue
-        tpot = event.get("ev_tpot_s") if isinstance(event, dict) else None
-        if isinstance(tpot, int | float) and tpot > 0:
-            out.append(float(tpot))
+    for rec in parse_lines(log_lines):
+        tpot = rec.number("tpot_s") if rec.event == REQUEST_EVENT else None
+        if tpot is not None and tpot > 0:
+            out.append(tpot)
     return out
 
 
 def _config(limit: int, model_dir: Path, port: int) -> dict[str, Any]:
-    return {
-        "server": {"host": "127.0.0.1", "port": port},
-        "engine": {
-            "model": str(model_dir),
-            "max_model_len": 2048,
-            "max_num_seqs": max(64, limit),
-            "kv_cache_space_gib": 2,
-            "dtype": "float32",
-            "enforce_eager": True,
-        },
-        "admission": {"realtime_reserved_share": 0, "concurrency_limit": limit},
-        "controller": {"mode": "manual", "forecast": "off"},
-        "telemetry": {"source": "sim"},
-        "logging": {"level": "info"},  # the request_done lines
-    }
+    """The trace bench's daemon (the same engine), at a static limit, logging each request."""
+    plan = Plan(
+        traces=(),
+        runs=1,
+        levels=(limit,),
+        slo=GoodputSlo(5.0, 0.5),
+        max_tokens=32,
+        drain_s=0.0,
+        max_limit=max(64, limit),
+    )
+    cfg = _daemon_config(plan, model_dir, port)
+    cfg["admission"]["concurrency_limit"] = limit
+    cfg["logging"] = {"level": "info"}  # the request_done lines
+    return cfg
 
 
 async def _load(url: str, limit: int, duration_s: float) -> tuple[list[float], list[float]]:

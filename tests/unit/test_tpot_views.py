@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from appliance.json_log import JsonFormatter
 from bench.tpot_views import Row, daemon_tpots, pct, render
+
+
+def _line(event: str, **fields: object) -> str:
+    """A daemon log line as the daemon writes it (its JSON formatter, as accounting logs)."""
+    record = logging.LogRecord("appliance.requests", logging.INFO, "", 0, "x", None, None)
+    for key, value in {"event": event, **fields}.items():
+        setattr(record, key, value)
+    return JsonFormatter().format(record)
 
 
 def test_the_daemons_done_lines_give_each_requests_tpot() -> None:
     lines = [
-        '2026-12-06 INFO request done {"event": "request_done", "ev_tpot_s": 0.345}',
-        '{"event": "request_done", "ev_tpot_s": null}',  # one token: no TPOT
-        '{"event": "request_done", "ev_tpot_s": 0}',
-        '{"event": "engine_ready"}',
-        "request_done but no JSON on this line",
-        '{"event": "request_done", "ev_tpot_s": 0.5',  # cut off
-        '{"event": "request_done", "ev_tpot_s": 0.2}',
+        _line("request_done", ev_status="ok", ev_tpot_s=0.345),
+        _line("request_done", ev_status="ok", ev_tpot_s=None),  # one token: no TPOT
+        _line("request_done", ev_status="ok", ev_tpot_s=0),
+        _line("engine_ready", ev_tpot_s=0.9),  # not a request
+        "a raw text line from the engine",
+        _line("request_done", ev_status="ok", ev_tpot_s=0.2),
     ]
     assert daemon_tpots(lines) == [0.345, 0.2]
 
