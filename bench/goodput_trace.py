@@ -907,6 +907,13 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
     }
 
 
+def trace_run_from(stored: dict[str, Any]) -> TraceRun:
+    """A run as --json-out stored it, back as a TraceRun (fields a file from before them
+    lacks take their defaults)."""
+    phases = tuple(PhaseResult(**p) for p in stored.get("phases") or ())
+    return TraceRun(**{**stored, "phases": phases, "timeline": tuple(stored.get("timeline") or ())})
+
+
 def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]], list[str]]:
     """The fixed arms (static:N, unbounded) of the plan's traces from an earlier --json-out
     file, and a note naming it. Refused unless it ran the same seeds, capacity, warm-up, SLO,
@@ -940,8 +947,7 @@ def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]],
             if r["duration_s"] != trace.duration_s or len(r["phases"]) != len(trace.segments):
                 problems.append(f"{trace.name} had another shape then")
                 break
-            phases = tuple(PhaseResult(**p) for p in r["phases"])
-            fixed.append(TraceRun(**{**r, "phases": phases, "timeline": tuple(r["timeline"])}))
+            fixed.append(trace_run_from(r))
         if not any(r.arm.startswith("static:") and r.seed == 0 for r in fixed):
             problems.append(f"no static sweep of {trace.name}")
         out[trace.name] = tuple(fixed)

@@ -26,10 +26,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.goodput_trace import (  # noqa: E402
-    PhaseResult,
     TraceRun,
     best_static_seed0,
     served_ratios,
+    trace_run_from,
 )
 from bench.report import publish_doc  # noqa: E402
 
@@ -45,11 +45,10 @@ class Ceiling:
 
 
 def runs_of(doc: dict[str, Any]) -> dict[str, list[TraceRun]]:
-    """A stored run's TraceRuns by trace (their timelines left out)."""
+    """A stored run's TraceRuns by trace."""
     out: dict[str, list[TraceRun]] = {}
     for r in doc.get("runs") or ():
-        phases = tuple(PhaseResult(**p) for p in r.get("phases") or ())
-        run = TraceRun(**{**r, "phases": phases, "timeline": ()})
+        run = trace_run_from(r)
         out.setdefault(run.trace, []).append(run)
     return out
 
