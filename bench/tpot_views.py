@@ -28,14 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from appliance.bench_runner import Target, document_prompt, stream_chat  # noqa: E402
+from appliance.bench_runner import BenchSettings, connect, document_prompt, stream_chat  # noqa: E402
 from appliance.domain.incidents import REQUEST_EVENT, parse_lines  # noqa: E402
 from bench.goodput import GoodputSlo, _load_session  # noqa: E402
-from bench.goodput_trace import Plan, _daemon_config  # noqa: E402
+from bench.goodput_trace import Plan, _daemon_config, calibrate  # noqa: E402
 from bench.goodput_trace import _pct as pct  # noqa: E402
 from bench.report import MODEL_DIR, publish_doc  # noqa: E402
 
 TICK_S = 0.01
+PROMPT_TOKENS = 100  # thermal's chat prompts
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,13 @@ def _config(limit: int, model_dir: Path, port: int) -> dict[str, Any]:
 
 
 async def _load(url: str, limit: int, duration_s: float) -> tuple[list[float], list[float]]:
-    """`limit` closed-loop streams of ~100-token prompts: client TPOTs, loop lags."""
+    """`limit` closed-loop streams of PROMPT_TOKENS-token prompts: client TPOTs, loop lags."""
     lags: list[float] = []
     tpots: list[float] = []
     stop = time.perf_counter() + duration_s
     async with _load_session() as session:
-        async with session.get(url + "/v1/models") as resp:
-            model = (await resp.json())["data"][0]["id"]
-        target = Target(url, model, 2048, {})
+        target = await connect(session, BenchSettings(url=url))
+        words = (await calibrate(session, target)).words_for(PROMPT_TOKENS)
 
         async def ticker() -> None:
             while time.perf_counter() < stop:
@@ -99,7 +99,7 @@ async def _load(url: str, limit: int, duration_s: float) -> tuple[list[float], l
         async def worker(w: int) -> None:
             i = 0
             while time.perf_counter() < stop:
-                prompt = document_prompt(w * 10_000 + i, 1, 85)
+                prompt = document_prompt(w * 10_000 + i, 1, words)
                 s = await stream_chat(session, target, prompt, 32, seed=w * 10_000 + i)
                 if s.ok and s.tpot_s:
                     tpots.append(s.tpot_s)
