@@ -500,18 +500,43 @@ CONTROLLER_START = 8
 REUSE_TOLERANCE = 0.05
 
 
-def arm_bodies(arm: str, max_limit: int, start: int = CONTROLLER_START) -> list[dict[str, Any]]:
-    """The PUT /admin/controller calls that set an arm up: controller, unbounded or static:N.
+def headroom_arm(tpot_s: float) -> str:
+    """The arm of a controller steered to a TPOT under the scored SLO (--headroom-tpot-s)."""
+    return f"controller@{tpot_s:g}s"
+
+
+def headroom_tpot_s(arm: str) -> float | None:
+    """The TPOT a headroom arm steers to; None for any other arm."""
+    if not (arm.startswith("controller@") and arm.endswith("s")):
+        return None
+    return float(arm[len("controller@") : -1])
+
+
+def is_controller(arm: str) -> bool:
+    """The controller in auto mode, steered to the scored SLO or to a headroom TPOT."""
+    return arm == "controller" or headroom_tpot_s(arm) is not None
+
+
+def arm_bodies(
+    arm: str, max_limit: int, start: int = CONTROLLER_START, slo_tpot_s: float | None = None
+) -> list[dict[str, Any]]:
+    """The PUT /admin/controller calls that set an arm up: controller, controller@Xs (the
+    controller steered to a TPOT of X s), unbounded or static:N.
 
     The controller starts every run at `start` (--controller-start), not from what the arm
     before it left in force. The shipped daemon starts at engine.max_num_seqs
     (admission.concurrency_limit unset): from there the controller meets the SLO from above,
     and its one-step cuts of a mild breach hold it at the SLO's edge (docs/benchmarks.md,
-    goodput_trace_end_thermal)."""
+    goodput_trace_end_thermal). A headroom arm sets the TPOT it steers to, and the shipped
+    one sets `slo_tpot_s` back (the scored SLO's; None: the daemon's own stands)."""
     if not 1 <= start <= max_limit:
         raise ValueError(f"controller start: must be in [1, {max_limit}], got {start}")
-    if arm == "controller":
-        return [{"mode": "manual", "limit": start}, {"mode": "auto", "max": max_limit}]
+    if is_controller(arm):
+        auto: dict[str, Any] = {"mode": "auto", "max": max_limit}
+        target = headroom_tpot_s(arm) or slo_tpot_s
+        if target is not None:
+            auto["slo_tpot_p99_s"] = target
+        return [{"mode": "manual", "limit": start}, auto]
     return [arm_body(arm, max_limit)]
 
 
@@ -547,6 +572,20 @@ class Plan:
     # run again (those arms are manual mode, where a change to the controller runs no code).
     reuse: dict[str, tuple[TraceRun, ...]] = field(default_factory=dict)
     reuse_tolerance: float = REUSE_TOLERANCE  # how far the check run may move (a fraction)
+    # Controller arms beside the shipped one, each steered to this TPOT (under the scored
+    # SLO): what headroom against a slowdown costs and buys, on the same day's oracle.
+    headroom_tpot_s: tuple[float, ...] = ()
+
+    @property
+    def controller_arms(self) -> tuple[str, ...]:
+        """Every controller arm a seed runs: the shipped one, then each headroom arm."""
+        return ("controller", *(headroom_arm(x) for x in self.headroom_tpot_s))
+
+    @property
+    def scored_tpot_s(self) -> float:
+        """The TPOT the shipped controller steers to: the scored SLO's (0.5 s where the
+        score has none, as the daemon's config)."""
+        return self.slo.tpot_s or 0.5
 
 
 COOL_C = 65.0  # the simulated GPU under this load settles near 71 °C; idle near 31 °C
@@ -612,7 +651,8 @@ async def run_trace_arms(
         # time constant of a minute, and a run started in its derate or PROTECT would carry
         # the last run's episode (the first thermal measurement here did exactly that).
         await wait_thermal_normal(daemon, log)
-        for body in arm_bodies(arm, plan.max_limit, plan.controller_start):
+        scored = plan.scored_tpot_s if plan.headroom_tpot_s else None
+        for body in arm_bodies(arm, plan.max_limit, plan.controller_start, scored):
             applied, msg = await daemon.set_controller(body)
             if not applied:
                 raise RuntimeError(msg)
@@ -660,12 +700,14 @@ async def run_trace_arms(
         log(f"  {trace.name}: static and unbounded arms reused ({len(reused)} runs)")
         runs += reused
         for seed in range(plan.runs):
-            await one("controller", seed)
+            for arm in plan.controller_arms:
+                await one(arm, seed)
         return runs
     levels = plan.levels_for.get(trace.name, plan.levels)
     best = best_static_seed0([await one(f"static:{n}", 0) for n in levels])
     for seed in range(plan.runs):
-        await one("controller", seed)
+        for arm in plan.controller_arms:
+            await one(arm, seed)
         if trace.name not in plan.skip_unbounded:
             await one("unbounded", seed)
         if seed > 0:
@@ -744,6 +786,7 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
         vals = [r.goodput_rps for r in mine if r.arm == best_arm]
         row["static"] = _spread(vals)
         row["served_vs_static"] = served_vs_static(mine, best_arm)
+        row["headroom"] = _headroom_cells(mine, row["static"])
         ctl = row["controller"]
         for other in ("static", "unbounded"):
             base = row[other]
@@ -753,6 +796,17 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
                 else (ctl["median"] / base["median"] if base["median"] > 0 else math.inf)
             )
         out.append(row)
+    return out
+
+
+def _headroom_cells(runs: Sequence[TraceRun], static: dict[str, float]) -> dict[str, Any]:
+    """Per headroom arm (controller@Xs): its goodput's spread and its median over the best
+    static limit's."""
+    out: dict[str, Any] = {}
+    for arm in dict.fromkeys(r.arm for r in runs if headroom_tpot_s(r.arm) is not None):
+        spread = _spread([r.goodput_rps for r in runs if r.arm == arm])
+        vs = spread["median"] / static["median"] if static["median"] > 0 else math.inf
+        out[arm] = {**spread, "vs_static": vs}
     return out
 
 
@@ -791,6 +845,18 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{cell(row['static'])} ({row['best_static'].split(':')[1]}) | "
             f"{ratio(row['controller_vs_static'])} | {ratio(row['controller_vs_unbounded'])} |"
         )
+    headroom = [(row, arm, c) for row in doc["cells"] for arm, c in row.get("headroom", {}).items()]
+    if headroom:
+        lines += [
+            "",
+            "The controller steered to a TPOT under the SLO (headroom against a slowdown), "
+            "scored against the SLO above, beside the same runs:",
+            "",
+        ]
+        for row, arm, c in headroom:
+            lines.append(
+                f"- {row['trace']}, {arm}: {cell(c)} ({ratio(c['vs_static'])} the best static)"
+            )
     lines += ["", "Static sweep (seed 0), goodput by limit:", ""]
     for row in doc["cells"]:
         sweep = ", ".join(f"{a.split(':')[1]}: {v:.2f}" for a, v in row["static_sweep"].items())
@@ -875,12 +941,25 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
                     f"controller arm: auto mode from limit {plan.controller_start} each run "
                     f"(the shipped daemon starts at engine.max_num_seqs = {plan.max_limit})"
                 )
-                runs: list[TraceRun] = []
-                for trace in plan.traces:
-                    log(f"trace {trace.name} ({trace.duration_s:g} s)")
-                    runs += await run_trace_arms(
-                        session, target, daemon, trace, plan, capacity, calib, log, notes
+                if plan.headroom_tpot_s:
+                    notes.append(
+                        "headroom arms: the same controller steered to a TPOT of "
+                        + ", ".join(f"{x:g} s" for x in plan.headroom_tpot_s)
+                        + " (PUT /admin/controller slo_tpot_p99_s), scored against the SLO"
                     )
+                before = ((await daemon.status()) or {}).get("controller") or {}
+                runs: list[TraceRun] = []
+                try:
+                    for trace in plan.traces:
+                        log(f"trace {trace.name} ({trace.duration_s:g} s)")
+                        runs += await run_trace_arms(
+                            session, target, daemon, trace, plan, capacity, calib, log, notes
+                        )
+                finally:
+                    own = before.get("slo_tpot_p99_s")
+                    if plan.headroom_tpot_s and isinstance(own, int | float):
+                        # A daemon given by --url keeps its own TPOT SLO after the bench.
+                        await daemon.set_controller({"slo_tpot_p99_s": own})
         finally:
             if server is not None:
                 server.stop()
@@ -893,6 +972,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "levels_for": {k: list(v) for k, v in plan.levels_for.items()},
             "skip_unbounded": list(plan.skip_unbounded),
             "warmup_s": plan.warmup_s,
+            "headroom_tpot_s": list(plan.headroom_tpot_s),
             "controller_start": plan.controller_start,
             "lead_in": {t.name: t.lead_in for t in plan.traces},
             "slo": asdict(plan.slo),
@@ -942,7 +1022,7 @@ def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]],
             problems.append(f"{trace.name} lead_in {lead_then}, here {trace.lead_in}")
         fixed = []
         for r in doc.get("runs") or []:
-            if r["trace"] != trace.name or r["arm"] == "controller" or r["seed"] >= plan.runs:
+            if r["trace"] != trace.name or is_controller(r["arm"]) or r["seed"] >= plan.runs:
                 continue
             if r["duration_s"] != trace.duration_s or len(r["phases"]) != len(trace.segments):
                 problems.append(f"{trace.name} had another shape then")
@@ -959,6 +1039,25 @@ def load_reuse(path: Path, plan: Plan) -> tuple[dict[str, tuple[TraceRun, ...]],
         f"{path.name} (measured {when} with `{doc.get('command')}`); only the controller ran here"
     )
     return out, [note]
+
+
+def _headroom_targets(text: str, slo_tpot_s: float) -> tuple[float, ...]:
+    """--headroom-tpot-s: TPOTs in (0, the TPOT SLO), each once; SystemExit names the bad one."""
+    out: list[float] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise SystemExit(f"headroom-tpot-s: {part!r} is not a number of seconds") from None
+        if not slo_tpot_s or not 0 < value < slo_tpot_s:
+            raise SystemExit(
+                f"headroom-tpot-s: must be in (0, --slo-tpot-s {slo_tpot_s:g}), got {part}"
+            )
+        if value not in out:
+            out.append(value)
+    return tuple(out)
 
 
 def _levels_for(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -1009,6 +1108,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TRACE=N,N",
         help="static levels for one trace (default --levels)",
     )
+    p.add_argument(
+        "--headroom-tpot-s",
+        default="",
+        metavar="S,S",
+        help="also run the controller steered to each of these TPOTs (seconds, under "
+        "--slo-tpot-s) every seed, scored against the SLO: what headroom costs and buys",
+    )
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
     p.add_argument("--markdown", help="write the table into this file's --section")
     p.add_argument("--section", default="goodput_trace", help="the markdown section's name")
@@ -1052,6 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=max(0.0, args.warmup_s),
         controller_start=args.controller_start,
         reuse_tolerance=args.reuse_tolerance,
+        headroom_tpot_s=_headroom_targets(args.headroom_tpot_s, args.slo_tpot_s),
     )
     if not 0 < plan.reuse_tolerance < 1:
         raise SystemExit(f"reuse-tolerance: a fraction in (0, 1), got {plan.reuse_tolerance}")
