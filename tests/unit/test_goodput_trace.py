@@ -93,6 +93,80 @@ def test_the_controller_arm_starts_from_the_chosen_limit() -> None:
         arm_bodies("fastest", 64)
 
 
+def test_a_headroom_arm_steers_the_controller_to_its_own_tpot() -> None:
+    from bench.goodput_trace import headroom_arm, headroom_tpot_s, is_controller
+
+    arm = headroom_arm(0.3)
+    assert arm == "controller@0.3s" and headroom_tpot_s(arm) == 0.3 and is_controller(arm)
+    assert headroom_tpot_s("controller") is None and not is_controller("static:24")
+    assert arm_bodies(arm, 64) == [
+        {"mode": "manual", "limit": 8},
+        {"mode": "auto", "max": 64, "slo_tpot_p99_s": 0.3},
+    ]
+    # Beside a headroom arm the shipped controller puts the scored SLO back; alone, the
+    # daemon's own TPOT SLO stands.
+    assert arm_bodies("controller", 64, 8, 0.5)[-1]["slo_tpot_p99_s"] == 0.5
+    assert "slo_tpot_p99_s" not in arm_bodies("controller", 64)[-1]
+    assert arm_bodies(arm, 64, 8, 0.5)[-1]["slo_tpot_p99_s"] == 0.3
+
+
+def test_headroom_targets_are_under_the_scored_tpot_slo_each_once() -> None:
+    from bench.goodput_trace import _headroom_targets
+
+    assert _headroom_targets("0.3, 0.3,0.4,", 0.5) == (0.3, 0.4)
+    assert _headroom_targets("", 0.5) == ()
+    with pytest.raises(
+        SystemExit, match=r"headroom-tpot-s: must be in \(0, --slo-tpot-s 0.5\), got 0.5"
+    ):
+        _headroom_targets("0.5", 0.5)
+    with pytest.raises(SystemExit, match="--slo-tpot-s 0"):
+        _headroom_targets("0.3", 0.0)  # no TPOT SLO: nothing to keep headroom under
+    with pytest.raises(SystemExit, match="'fast' is not a number of seconds"):
+        _headroom_targets("fast", 0.5)
+
+
+async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch) -> None:
+    import bench.goodput_trace as gt
+
+    bodies: list[dict[str, object]] = []
+
+    class FakeDaemon:
+        async def wait_idle(self) -> None:
+            return None
+
+        async def set_controller(self, body: dict[str, object]) -> tuple[bool, str]:
+            bodies.append(body)
+            return True, "applied"
+
+    async def cool(*_: object, **__: object) -> None:
+        return None
+
+    async def replay(*args: object) -> tuple[list[RequestSample], list[dict[str, object]]]:
+        return [], []
+
+    def summarise(trace, arm, seed, *rest):  # type: ignore[no-untyped-def]
+        return _run(arm, seed, 3.0 if arm == "static:16" else 1.0)
+
+    monkeypatch.setattr(gt, "wait_thermal_normal", cool)
+    monkeypatch.setattr(gt, "replay", replay)
+    monkeypatch.setattr(gt, "summarise", summarise)
+    plan = _plan({"name": "t", "segments": [_seg()]}, headroom_tpot_s=(0.3,), skip_unbounded=("t",))
+    calib = gt.Calibration(1.3, 20.0)
+    daemon = FakeDaemon()
+    runs = await gt.run_trace_arms(None, None, daemon, plan.traces[0], plan, 4.0, calib, log=str)
+    assert [(r.arm, r.seed) for r in runs] == [
+        ("static:16", 0),
+        ("controller", 0),
+        ("controller@0.3s", 0),
+        ("controller", 1),
+        ("controller@0.3s", 1),
+        ("static:16", 1),
+    ]
+    # Each controller arm set its own target before it ran: a headroom arm's never lingers.
+    autos = [b for b in bodies if b.get("mode") == "auto"]
+    assert [b["slo_tpot_p99_s"] for b in autos] == [0.5, 0.3, 0.5, 0.3]
+
+
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
     return TraceRun("t", arm, seed, 10, 1, 1, 1, 0, 0, goodput, None, None, (PhaseResult(0, 1, 1),))
 
@@ -140,6 +214,33 @@ def test_cells_take_the_best_static_of_seed_zero_and_medians() -> None:
     assert row["controller"]["median"] == 3.3
     assert row["controller_vs_static"] == pytest.approx(1.1)
     assert row["controller_vs_unbounded"] == pytest.approx(3.3)
+    assert row["headroom"] == {}
+
+
+def test_a_headroom_arm_gets_its_spread_and_ratio_in_the_cells_and_the_table() -> None:
+    from bench.goodput_trace import render_markdown
+
+    runs = [
+        _run("static:16", 0, 3.0),
+        _run("static:16", 1, 2.0),
+        *(_run("controller", s, g) for s, g in enumerate((2.0, 2.2))),
+        *(_run("controller@0.3s", s, g) for s, g in enumerate((2.7, 3.3))),
+    ]
+    (row,) = cells(runs)
+    assert row["controller"]["median"] == pytest.approx(2.1)  # the shipped arm's alone
+    head = row["headroom"]["controller@0.3s"]
+    assert head["median"] == pytest.approx(3.0) and (head["min"], head["max"]) == (2.7, 3.3)
+    assert head["vs_static"] == pytest.approx(3.0 / 2.5)
+    doc = {
+        "plan": {"warmup_s": 45, "slo": {"ttft_s": 5.0, "tpot_s": 0.5}, "max_tokens": 32},
+        "measured_at_unix_s": 0.0,
+        "command": "python bench/goodput_trace.py --headroom-tpot-s 0.3",
+        "machine": "m",
+        "capacity_rps": 4.0,
+        "cells": [row],
+        "notes": [],
+    }
+    assert "- t, controller@0.3s: 3.00 [2.70-3.30] (1.20x the best static)" in render_markdown(doc)
 
 
 def test_the_ceiling_of_a_ratio_is_the_most_any_arm_served_over_the_oracles_good_ones() -> None:
@@ -274,6 +375,7 @@ def test_fixed_arms_are_reused_only_from_a_run_that_matches(tmp_path) -> None:
                 _run("static:16", 2, 9.0),  # a seed this plan does not run
                 _run("unbounded", 0, 1.0),
                 _run("controller", 0, 5.0),  # never reused: it is what runs again
+                _run("controller@0.3s", 0, 4.0),  # nor a headroom arm
             )
         ],
     }
