@@ -651,8 +651,8 @@ async def run_trace_arms(
         # time constant of a minute, and a run started in its derate or PROTECT would carry
         # the last run's episode (the first thermal measurement here did exactly that).
         await wait_thermal_normal(daemon, log)
-        scored = plan.scored_tpot_s if plan.headroom_tpot_s else None
-        for body in arm_bodies(arm, plan.max_limit, plan.controller_start, scored):
+        slo_tpot_s = plan.scored_tpot_s if plan.headroom_tpot_s else None
+        for body in arm_bodies(arm, plan.max_limit, plan.controller_start, slo_tpot_s):
             applied, msg = await daemon.set_controller(body)
             if not applied:
                 raise RuntimeError(msg)

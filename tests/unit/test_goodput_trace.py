@@ -165,6 +165,17 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
     # Each controller arm set its own target before it ran: a headroom arm's never lingers.
     autos = [b for b in bodies if b.get("mode") == "auto"]
     assert [b["slo_tpot_p99_s"] for b in autos] == [0.5, 0.3, 0.5, 0.3]
+    # Without headroom arms every run is still kept, and the daemon's own TPOT SLO stands.
+    bodies.clear()
+    plain = _plan({"name": "t", "segments": [_seg()]}, skip_unbounded=("t",))
+    runs = await gt.run_trace_arms(None, None, daemon, plain.traces[0], plain, 4.0, calib, log=str)
+    assert [(r.arm, r.seed) for r in runs] == [
+        ("static:16", 0),
+        ("controller", 0),
+        ("controller", 1),
+        ("static:16", 1),
+    ]
+    assert not any("slo_tpot_p99_s" in b for b in bodies)
 
 
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
