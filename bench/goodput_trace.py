@@ -587,6 +587,13 @@ class Plan:
         score has none, as the daemon's config)."""
         return self.slo.tpot_s or 0.5
 
+    @property
+    def restore_tpot_s(self) -> float | None:
+        """The TPOT each controller arm's setup sets before it runs: the scored one where
+        headroom arms run (so a headroom target never lingers into the next arm); None
+        where none run, and the daemon's own TPOT SLO stands."""
+        return self.scored_tpot_s if self.headroom_tpot_s else None
+
 
 COOL_C = 65.0  # the simulated GPU under this load settles near 71 °C; idle near 31 °C
 
@@ -651,8 +658,7 @@ async def run_trace_arms(
         # time constant of a minute, and a run started in its derate or PROTECT would carry
         # the last run's episode (the first thermal measurement here did exactly that).
         await wait_thermal_normal(daemon, log)
-        slo_tpot_s = plan.scored_tpot_s if plan.headroom_tpot_s else None
-        for body in arm_bodies(arm, plan.max_limit, plan.controller_start, slo_tpot_s):
+        for body in arm_bodies(arm, plan.max_limit, plan.controller_start, plan.restore_tpot_s):
             applied, msg = await daemon.set_controller(body)
             if not applied:
                 raise RuntimeError(msg)

@@ -550,6 +550,59 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
     assert not any("controller" in m for m in seen)
 
 
+async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(
+    app: App, monkeypatch: pytest.MonkeyPatch
+):
+    """--headroom-tpot-s against the app: each controller arm runs with the TPOT it steers
+    to in force on the daemon (the scored SLO, then the headroom one), and the daemon has its
+    own TPOT SLO back after the bench."""
+    from bench import goodput_trace as gt
+
+    trace = gt.parse_trace(
+        {"name": "tiny", "segments": [{"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 40}]}
+    )
+    plan = gt.Plan(
+        traces=(trace,),
+        runs=1,
+        levels=(4,),
+        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=1.0),
+        max_tokens=4,
+        drain_s=5.0,
+        max_limit=8,
+        capacity_rps=5.0,
+        skip_unbounded=("tiny",),
+        headroom_tpot_s=(0.3,),
+    )
+    in_force: list[float] = []
+    set_controller = goodput.Daemon.set_controller
+
+    async def watched(self: goodput.Daemon, body: dict[str, object]) -> tuple[bool, str]:
+        out = await set_controller(self, body)
+        if body.get("mode") == "auto":  # the arm is set up: what the daemon now steers to
+            status = await self.status()
+            assert status is not None
+            in_force.append(status["controller"]["slo_tpot_p99_s"])
+        return out
+
+    monkeypatch.setattr(goodput.Daemon, "set_controller", watched)
+    async with app.admin() as admin:
+        before = ((await goodput.Daemon(admin).status()) or {})["controller"]
+    assert before["slo_tpot_p99_s"] not in (1.0, 0.3)
+    doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
+    assert [(r["arm"], r["seed"]) for r in doc["runs"]] == [
+        ("static:4", 0),
+        ("controller", 0),
+        ("controller@0.3s", 0),
+    ]
+    assert in_force == [1.0, 0.3]
+    (row,) = doc["cells"]
+    assert row["headroom"]["controller@0.3s"]["n"] == 1
+    assert "controller@0.3s" in gt.render_markdown({**doc, "command": "x", "machine": "y"})
+    async with app.admin() as admin:
+        after = ((await goodput.Daemon(admin).status()) or {})["controller"]
+    assert after["slo_tpot_p99_s"] == before["slo_tpot_p99_s"]
+
+
 async def test_step_time_bench_samples_the_engines_steps_at_each_limit(app: App):
     """bench/step_time.py against the app: every limit with and without a burner, each row
     from the steps /admin/status showed (the fake engine's gap is its token delay)."""
