@@ -214,18 +214,22 @@ class ControlLoop:
             "ceiling", f"concurrency ceiling {old} lifted by {source}", ceiling=None, previous=old
         )
 
+    def _judged_since(self, now_s: float, last_change_s: float | None) -> float:
+        """Where the window the SLO is judged over starts: the last change, at most the
+        controller's window_s back. Not the whole latency window the daemon keeps (a minute
+        at least, for its metric rows): held to that, a burst of slow first tokens at a
+        run's start held every probe for a minute, through the night and into the ramp
+        (docs/benchmarks.md, goodput_trace_window_diurnal)."""
+        start = now_s - self.cfg.window_s
+        return start if last_change_s is None else max(last_change_s, start)
+
     def tick(self) -> ControlDecision:
         """One decision, applied to the admission queue when it changes the limit."""
         now = self._clock()
         since = self.state.last_change_s
-        # The SLO is judged over the controller's window_s, not the whole latency window the
-        # daemon keeps (60 s at least, for its metric rows): held to the longer one, a burst
-        # of slow first tokens at a run's start held every probe for a minute, through the
-        # night and into the ramp (docs/benchmarks.md, goodput_trace_recheck_diurnal).
-        judged_since = (
-            now - self.cfg.window_s if since is None else max(since, now - self.cfg.window_s)
+        stats = self._latency.stats(
+            now, min_samples=self.cfg.min_samples, since_s=self._judged_since(now, since)
         )
-        stats = self._latency.stats(now, min_samples=self.cfg.min_samples, since_s=judged_since)
         # What ran wholly under the limit in force: admitted after the last change.
         fresh = self._latency.stats(
             now,
