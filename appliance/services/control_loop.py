@@ -219,7 +219,7 @@ class ControlLoop:
         controller's window_s back. Not the whole latency window the daemon keeps (a minute
         at least, for its metric rows): held to that, a burst of slow first tokens at a
         run's start held every probe for a minute, through the night and into the ramp
-        (docs/benchmarks.md, goodput_trace_window_diurnal)."""
+        (docs/benchmarks.md, goodput_trace_recheck_diurnal, seed 2)."""
         start = now_s - self.cfg.window_s
         return start if last_change_s is None else max(last_change_s, start)
 
