@@ -214,22 +214,11 @@ class ControlLoop:
             "ceiling", f"concurrency ceiling {old} lifted by {source}", ceiling=None, previous=old
         )
 
-    def _judged_since(self, now_s: float, last_change_s: float | None) -> float:
-        """Where the window the SLO is judged over starts: the last change, at most the
-        controller's window_s back. Not the whole latency window the daemon keeps (a minute
-        at least, for its metric rows): held to that, a burst of slow first tokens at a
-        run's start held every probe for a minute, through the night and into the ramp
-        (docs/benchmarks.md, goodput_trace_recheck_diurnal, seed 2)."""
-        start = now_s - self.cfg.window_s
-        return start if last_change_s is None else max(last_change_s, start)
-
     def tick(self) -> ControlDecision:
         """One decision, applied to the admission queue when it changes the limit."""
         now = self._clock()
         since = self.state.last_change_s
-        stats = self._latency.stats(
-            now, min_samples=self.cfg.min_samples, since_s=self._judged_since(now, since)
-        )
+        stats = self._latency.stats(now, min_samples=self.cfg.min_samples, since_s=since)
         # What ran wholly under the limit in force: admitted after the last change.
         fresh = self._latency.stats(
             now,
