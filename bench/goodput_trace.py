@@ -512,27 +512,50 @@ def headroom_tpot_s(arm: str) -> float | None:
     return float(arm[len("controller@") : -1])
 
 
+def ceiling_arm(limit: int) -> str:
+    """The arm of a controller that may not go past `limit` (--ceiling-arms): the `max` an
+    operator's objective sets, e.g. a benchmark's knee applied as the ceiling."""
+    return f"controller<={limit}"
+
+
+def arm_ceiling(arm: str) -> int | None:
+    """The ceiling a ceiling arm runs under; None for any other arm."""
+    if not arm.startswith("controller<="):
+        return None
+    return int(arm[len("controller<=") :])
+
+
+def is_variant(arm: str) -> bool:
+    """A controller arm beside the shipped one: a headroom TPOT or a ceiling."""
+    return headroom_tpot_s(arm) is not None or arm_ceiling(arm) is not None
+
+
 def is_controller(arm: str) -> bool:
-    """The controller in auto mode, steered to the scored SLO or to a headroom TPOT."""
-    return arm == "controller" or headroom_tpot_s(arm) is not None
+    """The controller in auto mode: the shipped one, or a variant (headroom or ceiling)."""
+    return arm == "controller" or is_variant(arm)
 
 
 def arm_bodies(
     arm: str, max_limit: int, start: int = CONTROLLER_START, slo_tpot_s: float | None = None
 ) -> list[dict[str, Any]]:
     """The PUT /admin/controller calls that set an arm up: controller, controller@Xs (the
-    controller steered to a TPOT of X s), unbounded or static:N.
+    controller steered to a TPOT of X s), controller<=N (the controller under a ceiling of
+    N), unbounded or static:N.
 
     The controller starts every run at `start` (--controller-start), not from what the arm
     before it left in force. The shipped daemon starts at engine.max_num_seqs
     (admission.concurrency_limit unset): from there the controller meets the SLO from above,
     and its one-step cuts of a mild breach hold it at the SLO's edge (docs/benchmarks.md,
-    goodput_trace_end_thermal). A headroom arm sets the TPOT it steers to, and the shipped
-    one sets `slo_tpot_s` back (the scored SLO's; None: the daemon's own stands)."""
+    goodput_trace_end_thermal). A headroom arm sets the TPOT it steers to, and every other
+    controller arm sets `slo_tpot_s` back (the scored SLO's; None: the daemon's own stands).
+    A ceiling arm starts at `start` or its ceiling, whichever is lower."""
     if not 1 <= start <= max_limit:
         raise ValueError(f"controller start: must be in [1, {max_limit}], got {start}")
     if is_controller(arm):
-        auto: dict[str, Any] = {"mode": "auto", "max": max_limit}
+        ceiling = arm_ceiling(arm)
+        top = max_limit if ceiling is None else min(ceiling, max_limit)
+        start = min(start, top)
+        auto: dict[str, Any] = {"mode": "auto", "max": top}
         target = headroom_tpot_s(arm) or slo_tpot_s
         if target is not None:
             auto["slo_tpot_p99_s"] = target
@@ -575,11 +598,19 @@ class Plan:
     # Controller arms beside the shipped one, each steered to this TPOT (under the scored
     # SLO): what headroom against a slowdown costs and buys, on the same day's oracle.
     headroom_tpot_s: tuple[float, ...] = ()
+    # Controller arms beside the shipped one, each under this ceiling (the `max` of PUT
+    # /admin/controller): what a ceiling near the box's knee costs and buys, the same day.
+    ceilings: tuple[int, ...] = ()
 
     @property
     def controller_arms(self) -> tuple[str, ...]:
-        """Every controller arm a seed runs: the shipped one, then each headroom arm."""
-        return ("controller", *(headroom_arm(x) for x in self.headroom_tpot_s))
+        """Every controller arm a seed runs: the shipped one, each headroom arm, then each
+        ceiling arm."""
+        return (
+            "controller",
+            *(headroom_arm(x) for x in self.headroom_tpot_s),
+            *(ceiling_arm(n) for n in self.ceilings),
+        )
 
     @property
     def scored_tpot_s(self) -> float:
@@ -792,7 +823,7 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
         vals = [r.goodput_rps for r in mine if r.arm == best_arm]
         row["static"] = _spread(vals)
         row["served_vs_static"] = served_vs_static(mine, best_arm)
-        row["headroom"] = _headroom_cells(mine, row["static"])
+        row["variants"] = _variant_cells(mine, row["static"])
         ctl = row["controller"]
         for other in ("static", "unbounded"):
             base = row[other]
@@ -805,11 +836,11 @@ def cells(runs: Sequence[TraceRun]) -> list[dict[str, Any]]:
     return out
 
 
-def _headroom_cells(runs: Sequence[TraceRun], static: dict[str, float]) -> dict[str, Any]:
-    """Per headroom arm (controller@Xs): its goodput's spread and its median over the best
-    static limit's."""
+def _variant_cells(runs: Sequence[TraceRun], static: dict[str, float]) -> dict[str, Any]:
+    """Per variant arm (controller@Xs, controller<=N): its goodput's spread and its median
+    over the best static limit's."""
     out: dict[str, Any] = {}
-    for arm in dict.fromkeys(r.arm for r in runs if headroom_tpot_s(r.arm) is not None):
+    for arm in dict.fromkeys(r.arm for r in runs if is_variant(r.arm)):
         spread = _spread([r.goodput_rps for r in runs if r.arm == arm])
         vs = spread["median"] / static["median"] if static["median"] > 0 else math.inf
         out[arm] = {**spread, "vs_static": vs}
@@ -851,15 +882,21 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{cell(row['static'])} ({row['best_static'].split(':')[1]}) | "
             f"{ratio(row['controller_vs_static'])} | {ratio(row['controller_vs_unbounded'])} |"
         )
-    headroom = [(row, arm, c) for row in doc["cells"] for arm, c in row.get("headroom", {}).items()]
-    if headroom:
+    variants = [
+        (row, arm, c)
+        for row in doc["cells"]
+        # Files from before ceiling arms keep their headroom arms under "headroom".
+        for arm, c in (row.get("variants") or row.get("headroom") or {}).items()
+    ]
+    if variants:
         lines += [
             "",
-            "The controller steered to a TPOT under the SLO (headroom against a slowdown), "
-            "scored against the SLO above, beside the same runs:",
+            "The same controller beside the same runs, steered to a TPOT under the SLO "
+            "(controller@Xs: headroom against a slowdown) or under a ceiling (controller<=N: "
+            "the `max` an operator's objective sets), scored against the SLO above:",
             "",
         ]
-        for row, arm, c in headroom:
+        for row, arm, c in variants:
             lines.append(
                 f"- {row['trace']}, {arm}: {cell(c)} ({ratio(c['vs_static'])} the best static)"
             )
@@ -953,6 +990,12 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
                         + ", ".join(f"{x:g} s" for x in plan.headroom_tpot_s)
                         + " (PUT /admin/controller slo_tpot_p99_s), scored against the SLO"
                     )
+                if plan.ceilings:
+                    notes.append(
+                        "ceiling arms: the same controller under a ceiling of "
+                        + ", ".join(str(n) for n in plan.ceilings)
+                        + " (PUT /admin/controller max), from the same start"
+                    )
                 before = ((await daemon.status()) or {}).get("controller") or {}
                 runs: list[TraceRun] = []
                 try:
@@ -979,6 +1022,7 @@ async def run(plan: Plan, url: str | None, token: str | None, log: Any = print) 
             "skip_unbounded": list(plan.skip_unbounded),
             "warmup_s": plan.warmup_s,
             "headroom_tpot_s": list(plan.headroom_tpot_s),
+            "ceilings": list(plan.ceilings),
             "controller_start": plan.controller_start,
             "lead_in": {t.name: t.lead_in for t in plan.traces},
             "slo": asdict(plan.slo),
@@ -1066,6 +1110,24 @@ def _headroom_targets(text: str, slo_tpot_s: float) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _ceilings(text: str, max_limit: int) -> tuple[int, ...]:
+    """--ceiling-arms: whole limits in [1, --max-limit), each once; SystemExit names the bad
+    one (a ceiling at --max-limit is the shipped controller's own)."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise SystemExit(f"ceiling-arms: {part!r} is not a whole number") from None
+        if not 1 <= value < max_limit:
+            raise SystemExit(f"ceiling-arms: must be in [1, --max-limit {max_limit}), got {part}")
+        if value not in out:
+            out.append(value)
+    return tuple(out)
+
+
 def _levels_for(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     out = {}
     for item in items:
@@ -1121,6 +1183,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the controller steered to each of these TPOTs (seconds, under "
         "--slo-tpot-s) every seed, scored against the SLO: what headroom costs and buys",
     )
+    p.add_argument(
+        "--ceiling-arms",
+        default="",
+        metavar="N,N",
+        help="also run the controller under each of these ceilings (PUT /admin/controller "
+        "max) every seed: what a ceiling near the box's knee costs and buys",
+    )
     p.add_argument("--machine", default="2 cores / 24 GiB, no GPU, vLLM CPU engine")
     p.add_argument("--markdown", help="write the table into this file's --section")
     p.add_argument("--section", default="goodput_trace", help="the markdown section's name")
@@ -1165,6 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
         controller_start=args.controller_start,
         reuse_tolerance=args.reuse_tolerance,
         headroom_tpot_s=_headroom_targets(args.headroom_tpot_s, args.slo_tpot_s),
+        ceilings=_ceilings(args.ceiling_arms, args.max_limit),
     )
     if not 0 < plan.reuse_tolerance < 1:
         raise SystemExit(f"reuse-tolerance: a fraction in (0, 1), got {plan.reuse_tolerance}")

@@ -153,10 +153,22 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def _batch(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def tokens_per_s(batch: float | None, gap_s: float | None) -> float | None:
+    """Decode tokens a second: the batch over the step's gap (each running request gets a
+    token a step); where this stops rising with the limit, the box has reached its knee."""
+    if batch is None or not gap_s:
+        return None
+    return batch / gap_s
+
+
 def _cell(r: Row) -> str:
     return (
         f"{_ms(r.tpot_median_s)} ms [{_ms(r.tpot_min_s)}-{_ms(r.tpot_max_s)}] "
-        f"at batch {r.batch_median if r.batch_median is not None else '-'} ({r.samples} samples)"
+        f"at batch {_batch(r.batch_median)} ({r.samples} samples)"
     )
 
 
@@ -170,16 +182,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"({s['prompt_tokens']}-token prompts, {s['max_tokens']} output tokens, the limit + 8 "
         "clients); the engine's steps as /admin/status `controller.live` shows them, sampled "
         f"every {s['every_s']:g} s over {s['measure_s']:g} s after {s['settle_s']:g} s: the "
-        "steps' mean gap in ms, median [min-max] over the samples, and the batch they ran.",
+        "steps' mean gap in ms, median [min-max] over the samples, the batch they ran, and "
+        "decode tokens a second (batch over the median gap).",
         "",
-        "| CPU burners | limit | step gap, ms | batch | samples |",
-        "|---|---|---|---|---|",
+        "| CPU burners | limit | step gap, ms | batch | tokens/s | samples |",
+        "|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
+        rate = tokens_per_s(r["batch_median"], r["tpot_median_s"])
         lines.append(
             f"| {r['burners']} | {r['limit']} | {_ms(r['tpot_median_s'])} "
             f"[{_ms(r['tpot_min_s'])}-{_ms(r['tpot_max_s'])}] | "
-            f"{'-' if r['batch_median'] is None else r['batch_median']} | {r['samples']} |"
+            f"{_batch(r['batch_median'])} | {'-' if rate is None else f'{rate:.0f}'} | "
+            f"{r['samples']} |"
         )
     return "\n".join(lines) + "\n"
 

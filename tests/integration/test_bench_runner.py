@@ -553,8 +553,9 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
 async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(
     app: App, monkeypatch: pytest.MonkeyPatch
 ):
-    """--headroom-tpot-s against the app: each controller arm runs with the TPOT it steers
-    to in force on the daemon (the scored SLO, then the headroom one), and the daemon has its
+    """--headroom-tpot-s and --ceiling-arms against the app: each controller arm runs with
+    the TPOT it steers to and the ceiling it runs under in force on the daemon (the scored
+    SLO, the headroom one, then the scored SLO under a ceiling of 6), and the daemon has its
     own TPOT SLO back after the bench."""
     from bench import goodput_trace as gt
 
@@ -572,8 +573,10 @@ async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(
         capacity_rps=5.0,
         skip_unbounded=("tiny",),
         headroom_tpot_s=(0.3,),
+        ceilings=(6,),
     )
     in_force: list[float] = []
+    ceilings: list[int] = []
     set_controller = goodput.Daemon.set_controller
 
     async def watched(self: goodput.Daemon, body: dict[str, object]) -> tuple[bool, str]:
@@ -582,6 +585,7 @@ async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(
             status = await self.status()
             assert status is not None
             in_force.append(status["controller"]["slo_tpot_p99_s"])
+            ceilings.append(status["controller"]["max"])
         return out
 
     monkeypatch.setattr(goodput.Daemon, "set_controller", watched)
@@ -593,10 +597,13 @@ async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(
         ("static:4", 0),
         ("controller", 0),
         ("controller@0.3s", 0),
+        ("controller<=6", 0),
     ]
-    assert in_force == [1.0, 0.3]
+    assert in_force == [1.0, 0.3, 1.0]
+    assert ceilings == [8, 8, 6]
     (row,) = doc["cells"]
-    assert row["headroom"]["controller@0.3s"]["n"] == 1
+    assert row["variants"]["controller@0.3s"]["n"] == 1
+    assert row["variants"]["controller<=6"]["n"] == 1
     assert "controller@0.3s" in gt.render_markdown({**doc, "command": "x", "machine": "y"})
     async with app.admin() as admin:
         after = ((await goodput.Daemon(admin).status()) or {})["controller"]

@@ -176,6 +176,22 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
         ("static:16", 1),
     ]
     assert not any("slo_tpot_p99_s" in b for b in bodies)
+    # A ceiling arm runs every seed after the shipped one, under its own max; the shipped
+    # arm's max is the daemon's again after it.
+    bodies.clear()
+    capped = _plan({"name": "t", "segments": [_seg()]}, ceilings=(24,), skip_unbounded=("t",))
+    runs = await gt.run_trace_arms(
+        None, None, daemon, capped.traces[0], capped, 4.0, calib, log=str
+    )
+    assert [(r.arm, r.seed) for r in runs] == [
+        ("static:16", 0),
+        ("controller", 0),
+        ("controller<=24", 0),
+        ("controller", 1),
+        ("controller<=24", 1),
+        ("static:16", 1),
+    ]
+    assert [b["max"] for b in bodies if b.get("mode") == "auto"] == [64, 24, 64, 24]
 
 
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
@@ -225,7 +241,7 @@ def test_cells_take_the_best_static_of_seed_zero_and_medians() -> None:
     assert row["controller"]["median"] == 3.3
     assert row["controller_vs_static"] == pytest.approx(1.1)
     assert row["controller_vs_unbounded"] == pytest.approx(3.3)
-    assert row["headroom"] == {}
+    assert row["variants"] == {}
 
 
 def test_a_headroom_arm_gets_its_spread_and_ratio_in_the_cells_and_the_table() -> None:
@@ -239,7 +255,7 @@ def test_a_headroom_arm_gets_its_spread_and_ratio_in_the_cells_and_the_table() -
     ]
     (row,) = cells(runs)
     assert row["controller"]["median"] == pytest.approx(2.1)  # the shipped arm's alone
-    head = row["headroom"]["controller@0.3s"]
+    head = row["variants"]["controller@0.3s"]
     assert head["median"] == pytest.approx(3.0) and (head["min"], head["max"]) == (2.7, 3.3)
     assert head["vs_static"] == pytest.approx(3.0 / 2.5)
     doc = {
@@ -252,6 +268,36 @@ def test_a_headroom_arm_gets_its_spread_and_ratio_in_the_cells_and_the_table() -
         "notes": [],
     }
     assert "- t, controller@0.3s: 3.00 [2.70-3.30] (1.20x the best static)" in render_markdown(doc)
+    # A file from before ceiling arms kept its headroom arms under "headroom".
+    old = {
+        **doc,
+        "cells": [
+            {
+                **{k: v for k, v in row.items() if k != "variants"},
+                "headroom": {"controller@0.3s": head},
+            }
+        ],
+    }
+    assert "- t, controller@0.3s: 3.00 [2.70-3.30] (1.20x the best static)" in render_markdown(old)
+
+
+def test_a_ceiling_arm_runs_the_controller_under_its_own_max() -> None:
+    from bench.goodput_trace import _ceilings, arm_ceiling, ceiling_arm, is_controller
+
+    arm = ceiling_arm(32)
+    assert arm == "controller<=32" and arm_ceiling(arm) == 32 and is_controller(arm)
+    assert arm_ceiling("controller") is None and arm_ceiling("controller@0.3s") is None
+    assert arm_bodies(arm, 64) == [{"mode": "manual", "limit": 8}, {"mode": "auto", "max": 32}]
+    # It starts at its ceiling where that is under the shipped start, and beside headroom
+    # arms it puts the scored TPOT back like the shipped arm.
+    assert arm_bodies("controller<=4", 64)[0] == {"mode": "manual", "limit": 4}
+    assert arm_bodies(arm, 64, 8, 0.5)[-1] == {"mode": "auto", "max": 32, "slo_tpot_p99_s": 0.5}
+    assert _ceilings("32, 48,32,", 64) == (32, 48)
+    assert _ceilings("", 64) == ()
+    with pytest.raises(SystemExit, match=r"ceiling-arms: must be in \[1, --max-limit 64\), got 64"):
+        _ceilings("64", 64)
+    with pytest.raises(SystemExit, match="'big' is not a whole number"):
+        _ceilings("big", 64)
 
 
 def test_the_ceiling_of_a_ratio_is_the_most_any_arm_served_over_the_oracles_good_ones() -> None:
@@ -387,6 +433,7 @@ def test_fixed_arms_are_reused_only_from_a_run_that_matches(tmp_path) -> None:
                 _run("unbounded", 0, 1.0),
                 _run("controller", 0, 5.0),  # never reused: it is what runs again
                 _run("controller@0.3s", 0, 4.0),  # nor a headroom arm
+                _run("controller<=24", 0, 4.0),  # nor a ceiling arm
             )
         ],
     }
