@@ -51,13 +51,13 @@ class Noise:
         return math.ceil((2 * self.sd_log / math.log(factor)) ** 2)
 
 
-def log_ratios(runs: Sequence[TraceRun]) -> list[float]:
-    """Per seed: ln(the controller's good over the oracle arm's good on that seed)."""
+def log_ratios(runs: Sequence[TraceRun], arm: str = "controller") -> list[float]:
+    """Per seed: ln(the arm's good over the oracle arm's good on that seed)."""
     if not any(r.arm.startswith("static:") and r.seed == 0 for r in runs):
         return []
     oracle = best_static_seed0(runs).arm
     out = []
-    for ctl in (r for r in runs if r.arm == "controller"):
+    for ctl in (r for r in runs if r.arm == arm):
         static = next((r for r in runs if r.arm == oracle and r.seed == ctl.seed), None)
         if static is not None and static.good > 0 and ctl.good > 0:
             out.append(math.log(ctl.good / static.good))

@@ -1,0 +1,180 @@
+"""One controller's ratio to the oracle, pooled over every stored run of it: where a 3-seed
+cell cannot tell 1.1x from 1.0x (bench/trace_noise.py), several runs of the same code can.
+
+Name the files of one controller's code (the runs' sections say which commit each ran). Per
+run (a file's trace) with a static sweep, each seed's ln(the arm's good / the best static
+arm's good on that seed), the oracle being the run's own (seed 0's best static limit). A
+run is a day and a box's speed: the runs are the units. The pooled ratio is exp(the mean of
+the runs' means), and its 95 % interval is the runs' spread (a t interval over the run
+means, n_runs - 1 degrees of freedom), which carries both the seeds' noise and the days'.
+Against the issue's target for the trace (--target-changing, --target-steady) the verdict
+is "met" where the whole interval is at or over it, "missed" where it is all under, and
+"open" where the interval holds it.
+
+    .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
+        [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.report import publish_doc  # noqa: E402
+from bench.trace_ceiling import runs_of  # noqa: E402
+from bench.trace_noise import log_ratios  # noqa: E402
+
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30); 2.0 past 30.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(dof: int) -> float:
+    if dof < 1:
+        raise ValueError(f"dof: must be >= 1, got {dof}")
+    return _T975[dof - 1] if dof <= len(_T975) else 2.0
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One trace: each run's mean log ratio (oldest first), pooled."""
+
+    trace: str
+    seeds: int
+    run_means: tuple[float, ...]
+    target: float
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(statistics.fmean(self.run_means))
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """95 % interval of the pooled ratio; None from one run (no day-to-day spread)."""
+        n = len(self.run_means)
+        if n < 2:
+            return None
+        half = t975(n - 1) * statistics.stdev(self.run_means) / math.sqrt(n)
+        mean = statistics.fmean(self.run_means)
+        return math.exp(mean - half), math.exp(mean + half)
+
+    @property
+    def verdict(self) -> str:
+        span = self.interval
+        if span is None:
+            return "one run"
+        low, high = span
+        if low >= self.target:
+            return "met"
+        if high < self.target:
+            return "missed"
+        return "open"
+
+
+def target_for(trace: str, changing: float, steady: float) -> float:
+    """The issue's target: steady loads stay even, loads that change shape win."""
+    return steady if trace.startswith("steady") else changing
+
+
+def pool(docs: Iterable[dict[str, Any]], arm: str, changing: float, steady: float) -> list[Pooled]:
+    per: dict[str, list[tuple[float, list[float]]]] = {}
+    for doc in docs:
+        when = float(doc.get("measured_at_unix_s") or 0.0)
+        for trace, runs in runs_of(doc).items():
+            xs = log_ratios(runs, arm)
+            if xs:
+                per.setdefault(trace, []).append((when, xs))
+    out = []
+    for trace, found in sorted(per.items()):
+        found.sort(key=lambda item: item[0])
+        means = tuple(statistics.fmean(xs) for _, xs in found)
+        seeds = sum(len(xs) for _, xs in found)
+        out.append(Pooled(trace, seeds, means, target_for(trace, changing, steady)))
+    return out
+
+
+def _span(p: Pooled) -> str:
+    span = p.interval
+    return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
+
+
+def render(rows: Sequence[Pooled], arm: str, command: str) -> str:
+    lines = [
+        f"## `{arm}` against the oracle, pooled over its stored runs (issue 15)",
+        "",
+        f"From `{command}`: per run with a static sweep, each seed's good requests over the "
+        "run's best static limit's on that seed (its oracle); per run the geometric mean "
+        "over its seeds; pooled, the geometric mean of the runs, with a 95 % t interval over "
+        "the runs (each run a day and a box's speed). Verdict against the issue's target: "
+        "met where the interval is all at or over it, missed where all under, open where it "
+        "holds the target.",
+        "",
+        "| trace | runs | seeds | each run, oldest first | pooled | 95 % interval | target "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in rows:
+        each = ", ".join(f"{math.exp(m):.2f}" for m in p.run_means)
+        lines.append(
+            f"| {p.trace} | {len(p.run_means)} | {p.seeds} | {each} | {p.ratio:.2f}x | "
+            f"{_span(p)} | {p.target:g}x | {p.verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _shown(path: Path) -> str:
+    """A file as the command names it: from the checkout's root where it is under it."""
+    full = path.resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("patterns", nargs="+", help="stored --json-out files of one controller code")
+    p.add_argument("--arm", default="controller", help="the arm to pool (default controller)")
+    p.add_argument("--target-changing", type=float, default=1.1)
+    p.add_argument("--target-steady", type=float, default=0.97)
+    p.add_argument("--markdown")
+    p.add_argument("--section", default="trace_pooled")
+    args = p.parse_args(argv)
+    for name in ("target_changing", "target_steady"):
+        if not getattr(args, name) > 0:
+            raise SystemExit(f"{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
+    files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
+    docs = [json.loads(f.read_text()) for f in files]
+    rows = pool(docs, args.arm, args.target_changing, args.target_steady)
+    if not rows:
+        raise SystemExit(f"files: no run with a static sweep and a {args.arm!r} arm in them")
+    names = " ".join(_shown(f) for f in files)
+    command = (
+        f"python bench/trace_pooled.py {names} --arm {args.arm} "
+        f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
+    )
+    doc = {
+        "command": command,
+        "rows": [
+            {**r.__dict__, "ratio": r.ratio, "interval": r.interval, "verdict": r.verdict}
+            for r in rows
+        ],
+    }
+    publish_doc(render(rows, args.arm, command), doc, args.markdown, args.section, None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""bench/trace_pooled.py: one controller's ratio to the oracle over several stored runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from bench.goodput_trace import PhaseResult, TraceRun
+from bench.trace_pooled import Pooled, main, pool, t975
+
+
+def _run(trace: str, arm: str, seed: int, good: int) -> dict:
+    phases = (PhaseResult(0, 100, good),)
+    return asdict(
+        TraceRun(trace, arm, seed, 10, 100, good, good, 0, 0, good / 10, None, None, phases)
+    )
+
+
+def _doc(when: float, ctl: tuple[int, ...], trace: str = "thermal") -> dict:
+    runs = [_run(trace, "static:32", 0, 1)]  # a worse limit on seed 0: 24 is the oracle
+    runs += [_run(trace, "static:24", s, 100) for s in range(len(ctl))]
+    runs += [_run(trace, "controller", s, g) for s, g in enumerate(ctl)]
+    runs += [_run(trace, "controller<=24", s, 200) for s in range(len(ctl))]
+    return {"measured_at_unix_s": when, "runs": runs}
+
+
+def test_runs_are_the_units_oldest_first_each_its_seeds_geometric_mean() -> None:
+    later, earlier = _doc(2.0, (100, 400)), _doc(1.0, (50, 50))
+    (row,) = pool([later, earlier], "controller", 1.1, 0.97)
+    assert row.seeds == 4
+    assert row.run_means == pytest.approx((math.log(0.5), math.log(2.0)))
+    assert row.ratio == pytest.approx(1.0)
+    # Another arm of the same runs pools on its own.
+    (ceiling,) = pool([later, earlier], "controller<=24", 1.1, 0.97)
+    assert ceiling.ratio == pytest.approx(2.0)
+
+
+def test_the_interval_is_a_t_interval_over_the_run_means() -> None:
+    means = (math.log(0.8), math.log(0.9), math.log(0.85))
+    row = Pooled("thermal", 9, means, 1.1)
+    half = t975(2) * statistics.stdev(means) / math.sqrt(3)
+    low, high = row.interval or (0.0, 0.0)
+    assert (low, high) == pytest.approx(
+        (math.exp(statistics.fmean(means) - half), math.exp(statistics.fmean(means) + half))
+    )
+    assert row.verdict == "missed"  # all of it under 1.1x
+    met = (math.log(1.2), math.log(1.22), math.log(1.25))
+    assert Pooled("phase_change", 9, met, 1.1).verdict == "met"
+    assert Pooled("diurnal", 6, (math.log(1.0), math.log(1.2)), 1.1).verdict == "open"
+    assert Pooled("diurnal", 3, (math.log(1.3),), 1.1).verdict == "one run"
+    assert Pooled("diurnal", 3, (math.log(1.3),), 1.1).interval is None
+
+
+def test_t_quantiles() -> None:
+    assert t975(1) == pytest.approx(12.706)
+    assert t975(30) == pytest.approx(2.042)
+    assert t975(100) == 2.0
+    with pytest.raises(ValueError, match="dof"):
+        t975(0)
+
+
+def test_steady_traces_are_held_to_even_and_changing_ones_to_the_win() -> None:
+    docs = [_doc(1.0, (100,), "steady_poisson"), _doc(1.0, (100,), "diurnal")]
+    targets = {r.trace: r.target for r in pool(docs, "controller", 1.1, 0.97)}
+    assert targets == {"steady_poisson": 0.97, "diurnal": 1.1}
+
+
+def test_the_command_names_its_files_and_refuses_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(_doc(1.0, (90, 110, 100))))
+    (tmp_path / "b.json").write_text(json.dumps(_doc(2.0, (80, 80, 80))))
+    assert main([str(tmp_path / "*.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 2 | 6 | 1.00, 0.80 |" in out
+    assert "a.json" in out and "b.json" in out
+    with pytest.raises(SystemExit, match="no run with a static sweep"):
+        main([str(tmp_path / "none-*.json")])
+    with pytest.raises(SystemExit, match="target-steady: must be > 0"):
+        main([str(tmp_path / "*.json"), "--target-steady", "0"])
