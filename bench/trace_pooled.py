@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import math
+import shlex
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -160,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = pool(docs, args.arm, args.target_changing, args.target_steady)
     if not rows:
         raise SystemExit(f"files: no run with a static sweep and a {args.arm!r} arm in them")
-    names = " ".join(_shown(f) for f in files)
+    names = " ".join(shlex.quote(_shown(f)) for f in files)
     command = (
-        f"python bench/trace_pooled.py {names} --arm {args.arm} "
+        f"python bench/trace_pooled.py {names} --arm {shlex.quote(args.arm)} "
         f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
     )
     doc = {

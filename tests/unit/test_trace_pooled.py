@@ -79,6 +79,9 @@ def test_the_command_names_its_files_and_refuses_none(
     out = capsys.readouterr().out
     assert "| thermal | 2 | 6 | 1.00, 0.80 |" in out
     assert "a.json" in out and "b.json" in out
+    # The command as published runs when pasted: an arm like controller<=24 is quoted.
+    assert main([str(tmp_path / "*.json"), "--arm", "controller<=24"]) == 0
+    assert "--arm 'controller<=24'" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no run with a static sweep"):
         main([str(tmp_path / "none-*.json")])
     with pytest.raises(SystemExit, match="target-steady: must be > 0"):
