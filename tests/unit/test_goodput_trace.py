@@ -158,13 +158,13 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
         ("static:16", 0),
         ("controller", 0),
         ("controller@0.3s", 0),
-        ("controller", 1),
         ("controller@0.3s", 1),
         ("static:16", 1),
+        ("controller", 1),
     ]
     # Each controller arm set its own target before it ran: a headroom arm's never lingers.
     autos = [b for b in bodies if b.get("mode") == "auto"]
-    assert [b["slo_tpot_p99_s"] for b in autos] == [0.5, 0.3, 0.5, 0.3]
+    assert [b["slo_tpot_p99_s"] for b in autos] == [0.5, 0.3, 0.3, 0.5]
     # Without headroom arms every run is still kept, and the daemon's own TPOT SLO stands.
     bodies.clear()
     plain = _plan({"name": "t", "segments": [_seg()]}, skip_unbounded=("t",))
@@ -172,12 +172,12 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
     assert [(r.arm, r.seed) for r in runs] == [
         ("static:16", 0),
         ("controller", 0),
-        ("controller", 1),
         ("static:16", 1),
+        ("controller", 1),
     ]
     assert not any("slo_tpot_p99_s" in b for b in bodies)
-    # A ceiling arm runs every seed after the shipped one, under its own max; the shipped
-    # arm's max is the daemon's again after it.
+    # A ceiling arm runs every seed under its own max, in the seed's rotated order; the
+    # shipped arm's max is the daemon's again when it runs after the ceiling arm.
     bodies.clear()
     capped = _plan({"name": "t", "segments": [_seg()]}, ceilings=(24,), skip_unbounded=("t",))
     runs = await gt.run_trace_arms(
@@ -187,11 +187,28 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
         ("static:16", 0),
         ("controller", 0),
         ("controller<=24", 0),
-        ("controller", 1),
         ("controller<=24", 1),
         ("static:16", 1),
+        ("controller", 1),
     ]
-    assert [b["max"] for b in bodies if b.get("mode") == "auto"] == [64, 24, 64, 24]
+    assert [b["max"] for b in bodies if b.get("mode") == "auto"] == [64, 24, 24, 64]
+
+
+def test_a_seeds_arms_rotate_so_no_arm_always_follows_another() -> None:
+    from bench.goodput_trace import seed_order
+
+    arms = ["controller", "controller<=24", "static:24"]
+    orders = [seed_order(arms, seed) for seed in range(3)]
+    assert orders == [
+        ["controller", "controller<=24", "static:24"],
+        ["controller<=24", "static:24", "controller"],
+        ["static:24", "controller", "controller<=24"],
+    ]
+    # Over the seeds the ceiling arm runs both before and after the shipped arm.
+    before = [o.index("controller<=24") < o.index("controller") for o in orders]
+    assert True in before and False in before
+    assert seed_order(arms, 3) == arms  # the rotation wraps
+    assert seed_order([], 2) == []
 
 
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
