@@ -75,7 +75,8 @@ class Engine(Protocol):
     def num_unfinished(self) -> int: ...
 
     def counters(self) -> dict[str, int]:
-        """Engine-side running totals (prompt and generated tokens it processed)."""
+        """Engine-side running totals since this engine started: prompt and generated tokens
+        it processed, prompt tokens looked up in and found in its prefix cache."""
 
     def child_pids(self) -> list[int]: ...
 

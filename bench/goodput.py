@@ -37,6 +37,7 @@ import random
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -198,6 +199,16 @@ def _cancelled(kind: str, started_s: float) -> RequestSample:
     return RequestSample(False, kind, 0, error, None, 0, None, None, elapsed_s, started_s)
 
 
+def run_tag() -> str:
+    """A tag put before every prompt of one run, new for each run. Arms replay the same
+    seeded prompts on one daemon, and vLLM's prefix cache (on by default) keeps what one run
+    served: the next run would find those prompts cached and skip their prefill, so whichever
+    arm ran later was measured on a warmer cache. Prompts that differ from their first user
+    token on share no cached block with another run's; what a run shares with itself (the
+    chat template, its own repeats) it still finds."""
+    return f"[run {uuid.uuid4().hex[:8]}] "
+
+
 async def open_loop(
     session: aiohttp.ClientSession,
     target: Target,
@@ -206,7 +217,9 @@ async def open_loop(
     drain_s: float,
     seed: int = 0,
 ) -> list[RequestSample]:
-    """Fire one request at each offset (no waiting on earlier ones); collect every outcome."""
+    """Fire one request at each offset (no waiting on earlier ones); collect every outcome.
+    The run's prompts are its own (run_tag)."""
+    tag = run_tag()
     t0 = time.perf_counter()
     tasks: list[asyncio.Task[RequestSample]] = []
     for i, offset in enumerate(times):
@@ -216,7 +229,7 @@ async def open_loop(
         tasks.append(
             asyncio.create_task(
                 stream_chat(
-                    session, target, chat_prompt(i, seed), max_tokens, seed=seed * 100_003 + i
+                    session, target, tag + chat_prompt(i, seed), max_tokens, seed=seed * 100_003 + i
                 )
             )
         )
@@ -278,6 +291,17 @@ class Daemon:
         if isinstance(ctl.get("manual_limit"), int):
             body["limit"] = ctl["manual_limit"]
         return body
+
+    async def prefix_cache_tokens(self) -> tuple[int, int] | None:
+        """The engine's prompt tokens looked up in its prefix cache and found there, since
+        it started; None when status or the counters are not readable."""
+        snap = await self.status()
+        counters = ((snap or {}).get("engine") or {}).get("counters") or {}
+        queried = counters.get("prefix_cache_queried_tokens_total")
+        hit = counters.get("prefix_cache_hit_tokens_total")
+        if not isinstance(queried, int) or not isinstance(hit, int):
+            return None
+        return queried, hit
 
     async def set_controller(self, body: dict[str, Any]) -> tuple[bool, str]:
         """PUT /admin/controller; (applied, what happened)."""

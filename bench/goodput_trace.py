@@ -19,7 +19,10 @@ seed per run) on one daemon, switched with PUT /admin/controller:
 
 Each cell is run --runs times (seeds 0..runs-1); the table gives medians and min-max. A
 seed's arms run in an order rotated by the seed (seed_order), so no arm always follows
-another.
+another. Each run's prompts carry a tag of their own (goodput.run_tag): the arms of a seed
+replay the same prompts, and vLLM's prefix cache would otherwise give every arm after the
+first the prefill of prompts an earlier arm served. Each run records its prefix-cache hit
+ratio.
 
     .venv/bin/python bench/goodput_trace.py --start --traces phase_change,diurnal,thermal \
         [--runs 3] [--levels 2,4,8,16,32] [--markdown docs/benchmarks.md] \
@@ -68,6 +71,7 @@ from bench.goodput import (  # noqa: E402
     GoodputSlo,
     _load_session,
     arrival_times,
+    run_tag,
     settle,
 )
 from bench.report import MODEL_DIR, add_daemon_args, publish_doc, start_burner, stop_burners  # noqa: E402
@@ -270,6 +274,9 @@ class TraceRun:
     ttft_p99_s: float | None
     phases: tuple[PhaseResult, ...]
     timeline: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+    # Of the prompt tokens the engine looked up in its prefix cache over the run (warm-up
+    # included), the share it found there; None where not read (runs stored before it was).
+    prefix_cache_hit_ratio: float | None = None
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -436,8 +443,9 @@ def _fire(
     calib: Calibration,
     max_tokens: int,
     seed: int,
+    tag: str = "",
 ) -> asyncio.Task[RequestSample]:
-    prompt = document_prompt(i, seed, calib.words_for(a.prompt_tokens))
+    prompt = tag + document_prompt(i, seed, calib.words_for(a.prompt_tokens))
     kind = "document" if a.prompt_tokens >= 500 else "chat"
     return asyncio.create_task(
         stream_chat(session, target, prompt, max_tokens, kind, seed=seed * 100_003 + i)
@@ -456,9 +464,11 @@ async def replay(
     seed: int,
     warmup: Sequence[Arrival] = (),
     warmup_s: float = 0.0,
+    tag: str = "",
 ) -> tuple[list[RequestSample], list[dict[str, Any]]]:
     """Fire the warm-up, then every arrival on time (open loop), run the trace's episodes;
-    every scored outcome (the warm-up's are dropped, unfinished ones cancelled)."""
+    every scored outcome (the warm-up's are dropped, unfinished ones cancelled). Every prompt
+    starts with `tag` (goodput.run_tag: a run's prompts are its own)."""
     episodes = _Episodes(daemon.admin)
     timeline: list[dict[str, Any]] = []
     t_lead = time.perf_counter()
@@ -476,7 +486,7 @@ async def replay(
             delay = at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            into.append(_fire(session, target, a, i, calib, max_tokens, seed))
+            into.append(_fire(session, target, a, i, calib, max_tokens, seed, tag))
         out = await settle(tasks, t0 + trace.duration_s + drain_s, t0)
     finally:
         for task in side:
@@ -697,6 +707,7 @@ async def run_trace_arms(
                 raise RuntimeError(msg)
         arrivals = schedule(trace, capacity, seed)
         warmup = warmup_schedule(trace, capacity, seed, plan.warmup_s)
+        cache_before = await daemon.prefix_cache_tokens()
         samples, timeline = await replay(
             session,
             target,
@@ -709,8 +720,13 @@ async def run_trace_arms(
             seed,
             warmup,
             plan.warmup_s,
+            run_tag(),
         )
         run = summarise(trace, arm, seed, arrivals, samples, plan.slo, timeline)
+        run = replace(
+            run, prefix_cache_hit_ratio=hit_ratio(cache_before, await daemon.prefix_cache_tokens())
+        )
+        hits = run.prefix_cache_hit_ratio
         log(
             f"  {trace.name:<14} {arm:<10} seed {seed}: goodput {run.goodput_rps:.2f} req/s "
             f"({run.good}/{run.sent} good, {run.rejected} 429, {run.failed} failed; per phase "
@@ -720,6 +736,7 @@ async def run_trace_arms(
                 for p in run.phases
             )
             + ")"
+            + ("" if hits is None else f"; prefix-cache hits {hits:.0%}")
             + ("" if scored else " [reuse check, not scored]")
         )
         if scored:
@@ -753,6 +770,18 @@ async def run_trace_arms(
         for arm in seed_order(arms, seed):
             await one(arm, seed)
     return runs
+
+
+def hit_ratio(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of prompt tokens looked up in the prefix cache between two readings of
+    (queried, hit) that were found there; None without both readings, when the engine
+    restarted between them (its totals went back) or nothing was looked up."""
+    if before is None or after is None:
+        return None
+    queried, hit = after[0] - before[0], after[1] - before[1]
+    if queried <= 0 or hit < 0:
+        return None
+    return hit / queried
 
 
 def seed_order(arms: Sequence[str], seed: int) -> list[str]:

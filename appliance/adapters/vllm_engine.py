@@ -50,6 +50,10 @@ class _StatsSink:
         self.latest = EngineStats()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Prompt tokens the scheduler looked up in the prefix cache, and those it found there
+        # (vLLM's PrefixCacheStats, per stats update): a replayed prompt skips its prefill.
+        self.prefix_cache_queried_tokens_total = 0
+        self.prefix_cache_hit_tokens_total = 0
         self.steps = StepLatencyLog()
 
 
@@ -75,6 +79,10 @@ def _stat_logger_factory(sink: _StatsSink) -> Any:
                     kv_cache_usage_ratio=float(scheduler_stats.kv_cache_usage),
                     updated_at_s=time.time(),
                 )
+                prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if prefix is not None:
+                    sink.prefix_cache_queried_tokens_total += int(prefix.queries)
+                    sink.prefix_cache_hit_tokens_total += int(prefix.hits)
             if iteration_stats is not None:
                 sink.prompt_tokens_total += int(getattr(iteration_stats, "num_prompt_tokens", 0))
                 sink.generation_tokens_total += int(
@@ -312,6 +320,8 @@ class VllmEngine:
         return {
             "prompt_tokens_total": self._sink.prompt_tokens_total,
             "generation_tokens_total": self._sink.generation_tokens_total,
+            "prefix_cache_queried_tokens_total": self._sink.prefix_cache_queried_tokens_total,
+            "prefix_cache_hit_tokens_total": self._sink.prefix_cache_hit_tokens_total,
         }
 
     def child_pids(self) -> list[int]:

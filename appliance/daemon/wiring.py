@@ -116,8 +116,13 @@ def admission_metrics(
     """A scrape-time refresher: admission, engine state, restarts and engine figures."""
     restarts_seen: dict[str, int] = {}
     shed_seen: dict[str, int] = {}
+    # Engine totals restart from 0 with each engine; its start time tells them apart. (What
+    # an engine counted after the last scrape before its restart is not carried over.)
+    engine_started_at_s: float | None = None
+    engine_seen: dict[str, int] = {}
 
     def refresh() -> None:
+        nonlocal engine_started_at_s
         m = metrics
         snap = admission.snapshot()
         m.requests_in_flight.set(snap.in_flight)
@@ -136,6 +141,20 @@ def admission_metrics(
             if delta > 0:
                 m.engine_restarts_total.labels(cause).inc(delta)
                 restarts_seen[cause] = count
+        totals = supervisor.counters()
+        if totals is not None:
+            started_at_s, counters = totals
+            if started_at_s != engine_started_at_s:
+                engine_seen.clear()
+                engine_started_at_s = started_at_s
+            for name, counter in (
+                ("prefix_cache_queried_tokens_total", m.prefix_cache_queried_tokens_total),
+                ("prefix_cache_hit_tokens_total", m.prefix_cache_hit_tokens_total),
+            ):
+                value = counters.get(name)
+                if value is not None and value > engine_seen.get(name, 0):
+                    counter.inc(value - engine_seen.get(name, 0))
+                    engine_seen[name] = value
         stats = supervisor.stats()
         if stats is None:  # no engine right now: the engine gauges keep their last value
             return

@@ -85,6 +85,13 @@ class Metrics:
         self.prompt_tokens_total = Counter(
             "appliance_prompt_tokens", "Prompt tokens processed", registry=r
         )
+        # vLLM's prefix cache, as `vllm serve` exports it (vllm:prefix_cache_queries/hits).
+        self.prefix_cache_queried_tokens_total = Counter(
+            "appliance_prefix_cache_queried_tokens", "Prompt tokens looked up", registry=r
+        )
+        self.prefix_cache_hit_tokens_total = Counter(
+            "appliance_prefix_cache_hit_tokens", "Of those, found: prefill skipped", registry=r
+        )
         self.deadline_expired_total = Counter(
             "appliance_deadline_expired",
             "Requests whose deadline passed, by lane and where (queued: never ran)",

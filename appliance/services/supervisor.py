@@ -99,6 +99,16 @@ class EngineSupervisor:
         except Exception:  # an engine going down mid-call is the same as none
             return None
 
+    def counters(self) -> tuple[float, dict[str, int]] | None:
+        """The running engine's totals (Engine.counters) with its start time, which tells one
+        engine's totals from the next one's; None while there is no engine."""
+        if self._engine is None or self.started_at_s is None:
+            return None
+        try:
+            return self.started_at_s, self._engine.counters()
+        except Exception:  # an engine going down mid-call is the same as none
+            return None
+
     def frontend(self) -> OpenAIFrontend:
         """The running engine's OpenAI serving layer; 503 while there is none."""
         if self._engine is None:

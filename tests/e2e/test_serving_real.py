@@ -284,6 +284,53 @@ async def test_metrics_carry_the_contract_series(daemon: Daemon):
     assert ok and float(ok[0].split()[-1]) >= 1
 
 
+def _prefix_cache_tokens(d: Daemon) -> tuple[int, int]:
+    counters = d.status()["engine"]["counters"]
+    return counters["prefix_cache_queried_tokens_total"], counters["prefix_cache_hit_tokens_total"]
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+async def test_a_replayed_prompt_hits_the_prefix_cache_and_a_run_tag_misses_it(daemon: Daemon):
+    """Why the benches tag each run's prompts: vLLM keeps a served prompt's blocks, and the
+    same prompt again skips most of its prefill; the tag makes it a prompt of its own."""
+    from appliance.bench_runner import document_prompt
+    from bench.goodput import run_tag
+
+    prompt = document_prompt(5, 918_273, 400)  # ~500 tokens: several 128-token blocks
+    client = _client(daemon)
+
+    async def send(text: str) -> tuple[int, int, int]:
+        before = _prefix_cache_tokens(daemon)
+        resp = await client.chat.completions.create(
+            model=daemon.model_name,
+            messages=[{"role": "user", "content": text}],
+            max_tokens=1,
+        )
+        # The stat logger records the step that scheduled the prompt: wait for its lookup.
+        assert await _wait(lambda: _prefix_cache_tokens(daemon)[0] > before[0], 10.0)
+        after = _prefix_cache_tokens(daemon)
+        return resp.usage.prompt_tokens, after[0] - before[0], after[1] - before[1]
+
+    tokens, _, _ = await send(prompt)
+    assert tokens > 3 * 128
+    scraped = daemon_metrics(daemon)
+    _, queried, replay_hits = await send(prompt)
+    assert queried >= tokens and replay_hits >= 3 * 128, (queried, replay_hits)
+    # /metrics carries the same counts (the series outlive engine restarts: compare deltas).
+    text = daemon_metrics(daemon)
+    for name, delta in (("hit", replay_hits), ("queried", queried)):
+        series = f"appliance_prefix_cache_{name}_tokens_total"
+        assert _metric(text, series) - _metric(scraped, series) == delta, series
+    _, _, tagged_hits = await send(run_tag() + prompt)
+    # What the tagged prompt still shares is the chat template ahead of the user's text,
+    # under one block.
+    assert tagged_hits < 128, tagged_hits
+
+
 async def test_admin_status_and_events(daemon: Daemon):
     snap = daemon.status()
     eng = snap["engine"]

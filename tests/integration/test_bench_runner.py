@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,10 +19,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from appliance.adapters.hf_tokenizer import HfTokenizer
 from appliance.bench_runner import (
     BenchError,
     BenchSettings,
     Target,
+    document_prompt,
     is_document,
     parse_status,
     run_sweep,
@@ -34,6 +38,7 @@ from appliance.daemon.app import build_app
 from appliance.domain.sweep_analysis import Slo
 from bench import goodput
 from bench.servers import free_port
+from tests.conftest import ensure_model
 from tests.fakes import FakeEngine, WordTokenizer
 
 MODEL = "fake-model"
@@ -548,6 +553,53 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
     with pytest.raises(gt.ReuseRefused, match="the box moved"):
         await gt.run(dataclasses.replace(one_seed, reuse=reuse), app.url, app.token, seen.append)
     assert not any("controller" in m for m in seen)
+
+
+async def test_trace_bench_gives_each_run_prompts_of_its_own(
+    app: App, monkeypatch: pytest.MonkeyPatch
+):
+    """Every arm of a seed replays the same prompts; each run's carry its own tag (warm-up
+    included), so the engine's prefix cache keeps nothing one run could find of another's."""
+    import itertools
+
+    from bench import goodput_trace as gt
+
+    numbers = itertools.count(1)
+    monkeypatch.setattr(gt, "run_tag", lambda: f"[run-{next(numbers)}] ")
+    trace = gt.parse_trace(
+        {"name": "tiny", "segments": [{"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 40}]}
+    )
+    plan = gt.Plan(
+        traces=(trace,),
+        runs=1,
+        levels=(1, 4),
+        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
+        max_tokens=4,
+        drain_s=5.0,
+        max_limit=8,
+        capacity_rps=5.0,
+        skip_unbounded=("tiny",),
+        warmup_s=0.5,
+    )
+    before = len(app.engines[-1].seen)
+    doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
+    assert [r["arm"] for r in doc["runs"]] == ["static:1", "static:4", "controller"]
+    # The fake engine keeps no prefix cache: the bench reads no hit ratio from it.
+    assert all(r["prefix_cache_hit_ratio"] is None for r in doc["runs"])
+    # The requests reach the fake engine through vLLM's serving layer: the model's tokens.
+    tokenizer = HfTokenizer(ensure_model())
+    prompts = [tokenizer.decode(r.prompt_token_ids) for r in app.engines[-1].seen[before:]]
+    tags = [re.findall(r"\[run-\d+\]", p) for p in prompts]
+    # Untagged: only the calibration's two prompts, which measure the tokenizer.
+    calibration = [document_prompt(0, 0, 20), document_prompt(0, 0, 120)]
+    untagged = [p for t, p in zip(tags, prompts, strict=True) if not t]
+    assert len(untagged) == 2 and all(any(c in p for c in calibration) for p in untagged)
+    assert all(len(t) <= 1 for t in tags)
+    counts = Counter(t[0] for t in tags if t)
+    assert sorted(counts) == ["[run-1]", "[run-2]", "[run-3]"]
+    for i, r in enumerate(doc["runs"], 1):
+        # Each run's warm-up and scored requests carry its tag, and no other run's do.
+        assert counts[f"[run-{i}]"] >= r["sent"] > 0
 
 
 async def test_trace_bench_steers_a_headroom_arm_through_the_daemon(

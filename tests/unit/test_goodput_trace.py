@@ -138,6 +138,13 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
             bodies.append(body)
             return True, "applied"
 
+        async def prefix_cache_tokens(self) -> tuple[int, int]:
+            # Each reading 1000 tokens looked up and 250 found after the last.
+            self.readings += 1
+            return 1_000 * self.readings, 250 * self.readings
+
+        readings = 0
+
     async def cool(*_: object, **__: object) -> None:
         return None
 
@@ -154,6 +161,8 @@ async def test_every_seed_runs_each_controller_arm_with_its_own_tpot(monkeypatch
     calib = gt.Calibration(1.3, 20.0)
     daemon = FakeDaemon()
     runs = await gt.run_trace_arms(None, None, daemon, plan.traces[0], plan, 4.0, calib, log=str)
+    # Each run's hit ratio is read around its own replay.
+    assert {r.prefix_cache_hit_ratio for r in runs} == {0.25}
     assert [(r.arm, r.seed) for r in runs] == [
         ("static:16", 0),
         ("controller", 0),
@@ -209,6 +218,26 @@ def test_a_seeds_arms_rotate_so_no_arm_always_follows_another() -> None:
     assert True in before and False in before
     assert seed_order(arms, 3) == arms  # the rotation wraps
     assert seed_order([], 2) == []
+
+
+def test_hit_ratio_reads_the_share_found_between_two_readings() -> None:
+    from bench.goodput_trace import hit_ratio
+
+    assert hit_ratio((1_000, 200), (3_000, 700)) == 0.25
+    assert hit_ratio((1_000, 200), (3_000, 200)) == 0.0
+    assert hit_ratio(None, (3_000, 700)) is None
+    assert hit_ratio((1_000, 200), None) is None
+    assert hit_ratio((1_000, 200), (1_000, 200)) is None  # nothing looked up
+    assert hit_ratio((1_000, 200), (400, 100)) is None  # the engine restarted: totals went back
+
+
+def test_each_run_gets_a_tag_of_its_own() -> None:
+    from bench.goodput import run_tag
+
+    tags = {run_tag() for _ in range(1_000)}
+    assert len(tags) == 1_000
+    # A tag leads the prompt as words of its own, so the first block differs run to run.
+    assert all(t.startswith("[run ") and t.endswith("] ") for t in tags)
 
 
 def _run(arm: str, seed: int, goodput: float) -> TraceRun:
