@@ -11,6 +11,12 @@ Against the issue's target for the trace (--target-changing, --target-steady) th
 is "met" where the whole interval is at or over it, "missed" where it is all under, and
 "open" where the interval holds it.
 
+Only files whose every run recorded its prefix-cache hit ratio are pooled: those ran each
+run on prompts of its own (goodput.run_tag). Before, the arms of a seed replayed the same
+prompts and vLLM's prefix cache gave each later arm the prefill of what earlier arms had
+served; an arm's place in the seed moved its goodput more than the targets' margins.
+--with-shared-cache pools those files too.
+
     .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
         [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
 """
@@ -109,12 +115,30 @@ def pool(docs: Iterable[dict[str, Any]], arm: str, changing: float, steady: floa
     return out
 
 
+def prompts_isolated(doc: dict[str, Any]) -> bool:
+    """Whether every run of a stored file recorded its prefix-cache hit ratio, as runs on
+    prompts of their own do (files from before that have none)."""
+    runs = doc.get("runs") or ()
+    return bool(runs) and all(r.get("prefix_cache_hit_ratio") is not None for r in runs)
+
+
+def max_hit_ratio(docs: Iterable[dict[str, Any]]) -> float | None:
+    """The highest prefix-cache hit ratio any run of the files recorded."""
+    ratios = [
+        r["prefix_cache_hit_ratio"]
+        for d in docs
+        for r in d.get("runs") or ()
+        if r.get("prefix_cache_hit_ratio") is not None
+    ]
+    return max(ratios, default=None)
+
+
 def _span(p: Pooled) -> str:
     span = p.interval
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
 
 
-def render(rows: Sequence[Pooled], arm: str, command: str) -> str:
+def render(rows: Sequence[Pooled], arm: str, command: str, notes: Sequence[str] = ()) -> str:
     lines = [
         f"## `{arm}` against the oracle, pooled over its stored runs (issue 15)",
         "",
@@ -135,6 +159,8 @@ def render(rows: Sequence[Pooled], arm: str, command: str) -> str:
             f"| {p.trace} | {len(p.run_means)} | {p.seeds} | {each} | {p.ratio:.2f}x | "
             f"{_span(p)} | {p.target:g}x | {p.verdict} |"
         )
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", default="controller", help="the arm to pool (default controller)")
     p.add_argument("--target-changing", type=float, default=1.1)
     p.add_argument("--target-steady", type=float, default=0.97)
+    p.add_argument(
+        "--with-shared-cache",
+        action="store_true",
+        help="also pool files whose arms replayed the same prompts into one prefix cache",
+    )
     p.add_argument("--markdown")
     p.add_argument("--section", default="trace_pooled")
     args = p.parse_args(argv)
@@ -157,23 +188,39 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, name) > 0:
             raise SystemExit(f"{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
-    docs = [json.loads(f.read_text()) for f in files]
+    loaded = [(f, json.loads(f.read_text())) for f in files]
+    kept = [args.with_shared_cache or prompts_isolated(d) for _, d in loaded]
+    docs = [d for (_, d), keep in zip(loaded, kept, strict=True) if keep]
     rows = pool(docs, args.arm, args.target_changing, args.target_steady)
     if not rows:
-        raise SystemExit(f"files: no run with a static sweep and a {args.arm!r} arm in them")
-    names = " ".join(shlex.quote(_shown(f)) for f in files)
+        raise SystemExit(
+            f"files: no run with a static sweep and a {args.arm!r} arm in them"
+            + ("" if args.with_shared_cache else " on prompts of its own (--with-shared-cache)")
+        )
+    names = " ".join(shlex.quote(_shown(f)) for f, _ in loaded)
     command = (
         f"python bench/trace_pooled.py {names} --arm {shlex.quote(args.arm)} "
         f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
+        + (" --with-shared-cache" if args.with_shared_cache else "")
     )
+    notes = []
+    if left := [_shown(f) for (f, _), keep in zip(loaded, kept, strict=True) if not keep]:
+        notes.append(
+            f"Left out, {len(left)} files whose arms shared the engine's prefix cache (each "
+            "seed's arms replayed the same prompts): " + ", ".join(left)
+        )
+    hits = max_hit_ratio(docs)
+    if hits is not None:
+        notes.append(f"Highest prefix-cache hit ratio of a pooled run: {hits:.1%}")
     doc = {
         "command": command,
+        "notes": notes,
         "rows": [
             {**r.__dict__, "ratio": r.ratio, "interval": r.interval, "verdict": r.verdict}
             for r in rows
         ],
     }
-    publish_doc(render(rows, args.arm, command), doc, args.markdown, args.section, None)
+    publish_doc(render(rows, args.arm, command, notes), doc, args.markdown, args.section, None)
     return 0
 
 

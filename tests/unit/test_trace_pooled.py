@@ -14,18 +14,23 @@ from bench.goodput_trace import PhaseResult, TraceRun
 from bench.trace_pooled import Pooled, main, pool, t975
 
 
-def _run(trace: str, arm: str, seed: int, good: int) -> dict:
+def _run(trace: str, arm: str, seed: int, good: int, hits: float | None = 0.02) -> dict:
     phases = (PhaseResult(0, 100, good),)
     return asdict(
-        TraceRun(trace, arm, seed, 10, 100, good, good, 0, 0, good / 10, None, None, phases)
-    )
+        TraceRun(
+            trace, arm, seed, 10, 100, good, good, 0, 0, good / 10, None, None, phases,
+            prefix_cache_hit_ratio=hits,
+        )
+    )  # fmt: skip
 
 
-def _doc(when: float, ctl: tuple[int, ...], trace: str = "thermal") -> dict:
-    runs = [_run(trace, "static:32", 0, 1)]  # a worse limit on seed 0: 24 is the oracle
-    runs += [_run(trace, "static:24", s, 100) for s in range(len(ctl))]
-    runs += [_run(trace, "controller", s, g) for s, g in enumerate(ctl)]
-    runs += [_run(trace, "controller<=24", s, 200) for s in range(len(ctl))]
+def _doc(
+    when: float, ctl: tuple[int, ...], trace: str = "thermal", hits: float | None = 0.02
+) -> dict:
+    runs = [_run(trace, "static:32", 0, 1, hits)]  # a worse limit on seed 0: 24 is the oracle
+    runs += [_run(trace, "static:24", s, 100, hits) for s in range(len(ctl))]
+    runs += [_run(trace, "controller", s, g, hits) for s, g in enumerate(ctl)]
+    runs += [_run(trace, "controller<=24", s, 200, hits) for s in range(len(ctl))]
     return {"measured_at_unix_s": when, "runs": runs}
 
 
@@ -86,3 +91,24 @@ def test_the_command_names_its_files_and_refuses_none(
         main([str(tmp_path / "none-*.json")])
     with pytest.raises(SystemExit, match="target-steady: must be > 0"):
         main([str(tmp_path / "*.json"), "--target-steady", "0"])
+
+
+def test_files_whose_arms_shared_the_prefix_cache_are_left_out_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "own.json").write_text(json.dumps(_doc(2.0, (80, 80, 80), hits=0.03)))
+    (tmp_path / "shared.json").write_text(json.dumps(_doc(1.0, (200, 200, 200), hits=None)))
+    assert main([str(tmp_path / "*.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 1 | 3 | 0.80 |" in out
+    assert "Left out, 1 files whose arms shared the engine's prefix cache" in out
+    assert out.count("shared.json") == 2  # in the command, and among those left out
+    assert "Highest prefix-cache hit ratio of a pooled run: 3.0%" in out
+    # Asked for, they pool too, and the command says so.
+    assert main([str(tmp_path / "*.json"), "--with-shared-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 2 | 6 | 2.00, 0.80 |" in out and "--with-shared-cache" in out
+    assert "Left out" not in out
+    (tmp_path / "own.json").unlink()
+    with pytest.raises(SystemExit, match="on prompts of its own"):
+        main([str(tmp_path / "*.json")])
