@@ -545,3 +545,41 @@ async def test_sigterm_during_a_restart_runs_the_queued_requests_then_stops(h: H
     # The three that arrived during the restart ran on the new engine, which then stopped.
     assert len(h.engines[-1].seen) >= 3 and h.engines[-1].shut_down
     assert sum(len(e.seen) for e in h.engines) == 5
+
+
+async def test_prefix_cache_series_only_rise_across_engine_restarts(h: Harness):
+    """Each engine counts its prefix-cache tokens from 0; /metrics adds what the running
+    engine counted since the last scrape, and a new engine's totals to the old one's."""
+
+    def counting(engine: FakeEngine, queried: int, hit: int) -> None:
+        engine.counters = lambda: {  # type: ignore[method-assign]
+            "prefix_cache_queried_tokens_total": queried,
+            "prefix_cache_hit_tokens_total": hit,
+        }
+
+    async def scraped() -> tuple[float, float]:
+        text = await (await h.client.get("/metrics")).text()
+        values = {
+            line.split()[0]: float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("appliance_prefix_cache_")
+        }
+        return (
+            values["appliance_prefix_cache_queried_tokens_total"],
+            values["appliance_prefix_cache_hit_tokens_total"],
+        )
+
+    assert await scraped() == (0, 0)  # the fake engine has no prefix cache
+    counting(h.engine, 1_000, 300)
+    assert await scraped() == (1_000, 300)
+    counting(h.engine, 1_500, 400)
+    assert await scraped() == (1_500, 400)
+    r = await h.client.post("/admin/engine/restart", headers=h.admin())
+    assert r.status == 202
+    await asyncio.sleep(0.05)
+    await h.wait_ready()
+    assert len(h.engines) == 2
+    counting(h.engine, 200, 50)  # the new engine's own totals, from 0
+    assert await scraped() == (1_700, 450)
+    counting(h.engine, 260, 60)
+    assert await scraped() == (1_760, 460)
