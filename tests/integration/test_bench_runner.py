@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -472,6 +473,24 @@ async def test_goodput_without_the_controller_endpoint_skips_arms(
     assert "| bursty | 1.5x | - | - |" in md
 
 
+def _tiny_plan(trace: Any, **kw: Any) -> Any:
+    """The trace bench's plan for a trace of a second or two against the app."""
+    from bench import goodput_trace as gt
+
+    base: dict[str, object] = {
+        "traces": (trace,),
+        "runs": 1,
+        "levels": (1, 4),
+        "slo": goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
+        "max_tokens": 4,
+        "drain_s": 5.0,
+        "max_limit": 8,
+        "capacity_rps": 5.0,
+        "warmup_s": 0.5,
+    }
+    return gt.Plan(**{**base, **kw})
+
+
 async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path):
     """bench/goodput_trace.py against the app: the static sweep, then controller, unbounded
     and the best static for each seed, over a two-segment trace with a fault episode."""
@@ -486,17 +505,7 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
             ],
         }
     )
-    plan = gt.Plan(
-        traces=(trace,),
-        runs=2,
-        levels=(1, 4),
-        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
-        max_tokens=4,
-        drain_s=5.0,
-        max_limit=8,
-        capacity_rps=5.0,
-        warmup_s=0.5,
-    )
+    plan = _tiny_plan(trace, runs=2)
     doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
     arms = [(r["arm"], r["seed"]) for r in doc["runs"]]
     (row,) = doc["cells"]
@@ -569,18 +578,7 @@ async def test_trace_bench_gives_each_run_prompts_of_its_own(
     trace = gt.parse_trace(
         {"name": "tiny", "segments": [{"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 40}]}
     )
-    plan = gt.Plan(
-        traces=(trace,),
-        runs=1,
-        levels=(1, 4),
-        slo=goodput.GoodputSlo(ttft_s=1.0, tpot_s=None),
-        max_tokens=4,
-        drain_s=5.0,
-        max_limit=8,
-        capacity_rps=5.0,
-        skip_unbounded=("tiny",),
-        warmup_s=0.5,
-    )
+    plan = _tiny_plan(trace, skip_unbounded=("tiny",))
     before = len(app.engines[-1].seen)
     doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
     assert [r["arm"] for r in doc["runs"]] == ["static:1", "static:4", "controller"]
