@@ -473,7 +473,7 @@ async def test_goodput_without_the_controller_endpoint_skips_arms(
     assert "| bursty | 1.5x | - | - |" in md
 
 
-def _tiny_plan(trace: Any, **kw: Any) -> Any:
+def _tiny_trace_plan(trace: Any, **kw: Any) -> Any:
     """The trace bench's plan for a trace of a second or two against the app."""
     from bench import goodput_trace as gt
 
@@ -505,7 +505,7 @@ async def test_trace_bench_runs_every_arm_over_a_trace(app: App, tmp_path: Path)
             ],
         }
     )
-    plan = _tiny_plan(trace, runs=2)
+    plan = _tiny_trace_plan(trace, runs=2)
     doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
     arms = [(r["arm"], r["seed"]) for r in doc["runs"]]
     (row,) = doc["cells"]
@@ -578,7 +578,7 @@ async def test_trace_bench_gives_each_run_prompts_of_its_own(
     trace = gt.parse_trace(
         {"name": "tiny", "segments": [{"duration_s": 1.0, "rate_x": 1.0, "prompt_tokens": 40}]}
     )
-    plan = _tiny_plan(trace, skip_unbounded=("tiny",))
+    plan = _tiny_trace_plan(trace, skip_unbounded=("tiny",))
     before = len(app.engines[-1].seen)
     doc = await gt.run(plan, app.url, app.token, log=lambda m: None)
     assert [r["arm"] for r in doc["runs"]] == ["static:1", "static:4", "controller"]
