@@ -290,8 +290,14 @@ def _prefix_cache_tokens(d: Daemon) -> tuple[int, int]:
 
 
 def _metric(text: str, name: str) -> float:
-    line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
-    return float(line.split()[-1])
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
 
 
 async def test_a_replayed_prompt_hits_the_prefix_cache_and_a_run_tag_misses_it(daemon: Daemon):

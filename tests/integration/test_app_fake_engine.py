@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.api.keys import SERVICES
 from appliance.client import SseParser, parse_sse
@@ -560,9 +561,7 @@ async def test_prefix_cache_series_only_rise_across_engine_restarts(h: Harness):
     async def scraped() -> tuple[float, float]:
         text = await (await h.client.get("/metrics")).text()
         values = {
-            line.split()[0]: float(line.split()[1])
-            for line in text.splitlines()
-            if line.startswith("appliance_prefix_cache_")
+            s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
         }
         return (
             values["appliance_prefix_cache_queried_tokens_total"],
