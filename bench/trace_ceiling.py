@@ -5,6 +5,9 @@ static limit's good ones (`goodput_trace.served_vs_static`): a controller that s
 as the busiest arm of that seed, every one in time, beats the oracle by that much. Where the
 ceiling is under the target ratio, the box itself bounds the run, not the controller.
 
+Like every reader of the stored runs, it reads only files whose runs each had prompts of
+their own (bench/trace_files.py); --with-shared-cache reads the others too.
+
     .venv/bin/python bench/trace_ceiling.py 'docs/bench-goodput-traces-*.json' [--target 1.1] \
         [--markdown docs/benchmarks.md --section trace_ceiling]
 """
@@ -12,8 +15,6 @@ ceiling is under the target ratio, the box itself bounds the run, not the contro
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import statistics
 import sys
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from bench.goodput_trace import (  # noqa: E402
     trace_run_from,
 )
 from bench.report import publish_doc  # noqa: E402
+from bench.trace_files import add_shared_cache_flag, load  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -99,20 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("patterns", nargs="+", help="stored --json-out files (globs expand here)")
     p.add_argument("--target", type=float, default=1.1)
+    add_shared_cache_flag(p)
     p.add_argument("--markdown")
     p.add_argument("--section", default="trace_ceiling")
     args = p.parse_args(argv)
     if not args.target > 0:
         raise SystemExit(f"target: must be > 0, got {args.target}")
-    files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
-    docs = [json.loads(f.read_text()) for f in files]
-    rows = ceilings(docs, args.target)
+    stored = load(args.patterns, args.with_shared_cache)
+    rows = ceilings(stored.docs, args.target)
     if not rows:
-        raise SystemExit("files: no run with a static sweep in them")
+        raise stored.none_read("no run with a static sweep in them")
     names = " ".join(f"'{pat}'" for pat in args.patterns)
-    command = f"python bench/trace_ceiling.py {names} --target {args.target:g}"
-    doc = {"command": command, "rows": [r.__dict__ for r in rows]}
-    publish_doc(render(rows, args.target, command), doc, args.markdown, args.section, None)
+    command = f"python bench/trace_ceiling.py {names} --target {args.target:g}{stored.flag}"
+    doc = {"command": command, "notes": stored.notes(), "rows": [r.__dict__ for r in rows]}
+    text = render(rows, args.target, command) + stored.markdown_notes()
+    publish_doc(text, doc, args.markdown, args.section, None)
     return 0
 
 

@@ -8,6 +8,9 @@ standard deviation of the log ratio. From it, the 95 % interval of a cell's mean
 --seeds seeds (2 sd / sqrt(seeds), as a factor), and the seeds a cell would need for an
 interval of +-5 %.
 
+Like every reader of the stored runs, it reads only files whose runs each had prompts of
+their own (bench/trace_files.py); --with-shared-cache reads the others too.
+
     .venv/bin/python bench/trace_noise.py 'docs/bench-goodput-traces-*.json' [--seeds 3] \
         [--markdown docs/benchmarks.md --section trace_noise]
 """
@@ -15,8 +18,6 @@ interval of +-5 %.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,7 @@ if str(ROOT) not in sys.path:
 from bench.goodput_trace import TraceRun, best_static_seed0  # noqa: E402
 from bench.report import publish_doc  # noqa: E402
 from bench.trace_ceiling import runs_of  # noqa: E402
+from bench.trace_files import add_shared_cache_flag, load  # noqa: E402
 
 RESOLUTION = 1.05  # the interval a cell would need to tell 1.0x from 1.1x apart with room
 
@@ -108,19 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("patterns", nargs="+", help="stored --json-out files (globs expand here)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
+    add_shared_cache_flag(p)
     p.add_argument("--markdown")
     p.add_argument("--section", default="trace_noise")
     args = p.parse_args(argv)
     if args.seeds < 1:
         raise SystemExit(f"seeds: must be >= 1, got {args.seeds}")
-    files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
-    rows = pooled(json.loads(f.read_text()) for f in files)
+    stored = load(args.patterns, args.with_shared_cache)
+    rows = pooled(stored.docs)
     if not rows:
-        raise SystemExit("files: no run with a static sweep and two controller seeds in them")
+        raise stored.none_read("no run with a static sweep and two controller seeds in them")
     names = " ".join(f"'{pat}'" for pat in args.patterns)
-    command = f"python bench/trace_noise.py {names} --seeds {args.seeds}"
-    doc = {"command": command, "rows": [r.__dict__ for r in rows]}
-    publish_doc(render(rows, args.seeds, command), doc, args.markdown, args.section, None)
+    command = f"python bench/trace_noise.py {names} --seeds {args.seeds}{stored.flag}"
+    doc = {"command": command, "notes": stored.notes(), "rows": [r.__dict__ for r in rows]}
+    text = render(rows, args.seeds, command) + stored.markdown_notes()
+    publish_doc(text, doc, args.markdown, args.section, None)
     return 0
 
 

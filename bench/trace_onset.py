@@ -11,6 +11,9 @@ A limit that rides the TPOT SLO's edge serves as much as a lower one on a steady
 leaves no room when the box slows or the prompts grow: the requests running then finish late.
 This reads the stored runs for how much that costs, trace by trace.
 
+Like every reader of the stored runs, it reads only files whose runs each had prompts of
+their own (bench/trace_files.py); --with-shared-cache reads the others too.
+
     .venv/bin/python bench/trace_onset.py 'docs/bench-goodput-traces-*.json' [--before-s 10] \
         [--markdown docs/benchmarks.md --section trace_onset]
 
@@ -21,8 +24,6 @@ run whose phase count differs from its trace's segments is left out.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,7 @@ if str(ROOT) not in sys.path:
 from bench.goodput_trace import TraceRun, best_static_seed0, load_trace  # noqa: E402
 from bench.report import publish_doc  # noqa: E402
 from bench.trace_ceiling import runs_of  # noqa: E402
+from bench.trace_files import add_shared_cache_flag, load  # noqa: E402
 
 # How far above the oracle's limit the controller stood at a change: the groups' upper bounds.
 BANDS: tuple[tuple[str, float], ...] = (
@@ -189,13 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("patterns", nargs="+", help="stored --json-out files (globs expand here)")
     p.add_argument("--before-s", type=float, default=10.0)
+    add_shared_cache_flag(p)
     p.add_argument("--markdown")
     p.add_argument("--section", default="trace_onset")
     args = p.parse_args(argv)
     if not args.before_s > 0:
         raise SystemExit(f"before-s: must be > 0, got {args.before_s}")
-    files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
-    docs = [json.loads(f.read_text()) for f in files]
+    stored = load(args.patterns, args.with_shared_cache)
+    docs = stored.docs
     names = {r.get("trace") for doc in docs for r in doc.get("runs") or ()}
     durations = {}
     for name in sorted(n for n in names if n):
@@ -206,13 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         durations[name] = [s.duration_s for s in trace.segments]
     found = collect(docs, durations, args.before_s)
     if not found:
-        raise SystemExit("files: no controller run with a static sweep and a timeline in them")
+        raise stored.none_read("no controller run with a static sweep and a timeline in them")
     starts = {t: boundaries_s(d) for t, d in durations.items()}
     table = rows(found, starts)
     names_arg = " ".join(f"'{pat}'" for pat in args.patterns)
-    command = f"python bench/trace_onset.py {names_arg} --before-s {args.before_s:g}"
-    doc = {"command": command, "rows": [r.__dict__ for r in table]}
-    publish_doc(render(table, args.before_s, command), doc, args.markdown, args.section, None)
+    command = f"python bench/trace_onset.py {names_arg} --before-s {args.before_s:g}{stored.flag}"
+    doc = {"command": command, "notes": stored.notes(), "rows": [r.__dict__ for r in table]}
+    text = render(table, args.before_s, command) + stored.markdown_notes()
+    publish_doc(text, doc, args.markdown, args.section, None)
     return 0
 
 

@@ -12,10 +12,8 @@ is "met" where the whole interval is at or over it, "missed" where it is all und
 "open" where the interval holds it.
 
 Only files whose every run recorded its prefix-cache hit ratio are pooled: those ran each
-run on prompts of its own (goodput.run_tag). Before, the arms of a seed replayed the same
-prompts and vLLM's prefix cache gave each later arm the prefill of what earlier arms had
-served; an arm's place in the seed moved its goodput more than the targets' margins.
---with-shared-cache pools those files too.
+run on prompts of its own (goodput.run_tag; bench/trace_files.py says why).
+--with-shared-cache pools the others too.
 
     .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
         [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
@@ -24,8 +22,6 @@ served; an arm's place in the seed moved its goodput more than the targets' marg
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import math
 import shlex
 import statistics
@@ -41,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from bench.report import publish_doc  # noqa: E402
 from bench.trace_ceiling import runs_of  # noqa: E402
+from bench.trace_files import add_shared_cache_flag, load, shown  # noqa: E402
 from bench.trace_noise import log_ratios  # noqa: E402
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30); 2.0 past 30.
@@ -115,24 +112,6 @@ def pool(docs: Iterable[dict[str, Any]], arm: str, changing: float, steady: floa
     return out
 
 
-def prompts_isolated(doc: dict[str, Any]) -> bool:
-    """Whether every run of a stored file recorded its prefix-cache hit ratio, as runs on
-    prompts of their own do (files from before that have none)."""
-    runs = doc.get("runs") or ()
-    return bool(runs) and all(r.get("prefix_cache_hit_ratio") is not None for r in runs)
-
-
-def max_hit_ratio(docs: Iterable[dict[str, Any]]) -> float | None:
-    """The highest prefix-cache hit ratio any run of the files recorded."""
-    ratios = [
-        r["prefix_cache_hit_ratio"]
-        for d in docs
-        for r in d.get("runs") or ()
-        if r.get("prefix_cache_hit_ratio") is not None
-    ]
-    return max(ratios, default=None)
-
-
 def _span(p: Pooled) -> str:
     span = p.interval
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
@@ -164,54 +143,30 @@ def render(rows: Sequence[Pooled], arm: str, command: str, notes: Sequence[str] 
     return "\n".join(lines) + "\n"
 
 
-def _shown(path: Path) -> str:
-    """A file as the command names it: from the checkout's root where it is under it."""
-    full = path.resolve()
-    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("patterns", nargs="+", help="stored --json-out files of one controller code")
     p.add_argument("--arm", default="controller", help="the arm to pool (default controller)")
     p.add_argument("--target-changing", type=float, default=1.1)
     p.add_argument("--target-steady", type=float, default=0.97)
-    p.add_argument(
-        "--with-shared-cache",
-        action="store_true",
-        help="also pool files whose arms replayed the same prompts into one prefix cache",
-    )
+    add_shared_cache_flag(p)
     p.add_argument("--markdown")
     p.add_argument("--section", default="trace_pooled")
     args = p.parse_args(argv)
     for name in ("target_changing", "target_steady"):
         if not getattr(args, name) > 0:
             raise SystemExit(f"{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
-    files = sorted({Path(f) for pat in args.patterns for f in glob.glob(pat)})
-    loaded = [(f, json.loads(f.read_text())) for f in files]
-    kept = [args.with_shared_cache or prompts_isolated(d) for _, d in loaded]
-    docs = [d for (_, d), keep in zip(loaded, kept, strict=True) if keep]
-    rows = pool(docs, args.arm, args.target_changing, args.target_steady)
+    stored = load(args.patterns, args.with_shared_cache)
+    rows = pool(stored.docs, args.arm, args.target_changing, args.target_steady)
     if not rows:
-        raise SystemExit(
-            f"files: no run with a static sweep and a {args.arm!r} arm in them"
-            + ("" if args.with_shared_cache else " on prompts of its own (--with-shared-cache)")
-        )
-    names = " ".join(shlex.quote(_shown(f)) for f, _ in loaded)
+        raise stored.none_read(f"no run with a static sweep and a {args.arm!r} arm in them")
+    names = " ".join(shlex.quote(shown(f)) for f in stored.named)
     command = (
         f"python bench/trace_pooled.py {names} --arm {shlex.quote(args.arm)} "
         f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
-        + (" --with-shared-cache" if args.with_shared_cache else "")
+        + stored.flag
     )
-    notes = []
-    if left := [_shown(f) for (f, _), keep in zip(loaded, kept, strict=True) if not keep]:
-        notes.append(
-            f"Left out, {len(left)} files whose arms shared the engine's prefix cache (each "
-            "seed's arms replayed the same prompts): " + ", ".join(left)
-        )
-    hits = max_hit_ratio(docs)
-    if hits is not None:
-        notes.append(f"Highest prefix-cache hit ratio of a pooled run: {hits:.1%}")
+    notes = stored.notes()
     doc = {
         "command": command,
         "notes": notes,

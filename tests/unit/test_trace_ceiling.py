@@ -14,7 +14,8 @@ from bench.trace_ceiling import ceilings, main
 
 def _run(trace: str, arm: str, seed: int, good: int, ok: int) -> dict:
     run = TraceRun(trace, arm, seed, 10, 100, ok, good, 0, 0, good / 10, None, None, ())
-    return asdict(replace(run, phases=(PhaseResult(0, 100, good, ok=ok),)))
+    phases = (PhaseResult(0, 100, good, ok=ok),)
+    return asdict(replace(run, phases=phases, prefix_cache_hit_ratio=0.0))
 
 
 DOC = {
@@ -47,3 +48,15 @@ def test_the_command_reads_globs_and_names_what_it_needs(
         main([str(tmp_path / "*.json"), "--target", "0"])
     with pytest.raises(SystemExit, match="no run with a static sweep"):
         main([str(tmp_path / "none-*.json")])
+
+
+def test_files_whose_arms_shared_the_prefix_cache_are_read_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = {"runs": [{**r, "prefix_cache_hit_ratio": None} for r in DOC["runs"]]}
+    (tmp_path / "shared.json").write_text(json.dumps(shared))
+    with pytest.raises(SystemExit, match="on prompts of its own"):
+        main([str(tmp_path / "*.json")])
+    assert main([str(tmp_path / "*.json"), "--with-shared-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 1 | 2 |" in out and "--target 1.1 --with-shared-cache`" in out

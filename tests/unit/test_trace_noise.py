@@ -16,8 +16,11 @@ from bench.trace_noise import Noise, log_ratios, main, pooled
 def _run(arm: str, seed: int, good: int) -> dict:
     phases = (PhaseResult(0, 100, good),)
     return asdict(
-        TraceRun("thermal", arm, seed, 10, 100, good, good, 0, 0, good / 10, None, None, phases)
-    )
+        TraceRun(
+            "thermal", arm, seed, 10, 100, good, good, 0, 0, good / 10, None, None, phases,
+            prefix_cache_hit_ratio=0.0,
+        )
+    )  # fmt: skip
 
 
 def _doc(ctl: tuple[int, ...], oracle: tuple[int, ...]) -> dict:
@@ -62,3 +65,19 @@ def test_the_command_reads_globs_and_names_what_it_needs(
         main([str(tmp_path / "*.json"), "--seeds", "0"])
     with pytest.raises(SystemExit, match="no run with a static sweep"):
         main([str(tmp_path / "none-*.json")])
+
+
+def test_files_whose_arms_shared_the_prefix_cache_are_left_out_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "own.json").write_text(json.dumps(_doc((90, 110, 100), (100, 100, 100))))
+    shared = _doc((50, 200, 100), (100, 100, 100))
+    shared["runs"] = [{**r, "prefix_cache_hit_ratio": None} for r in shared["runs"]]
+    (tmp_path / "shared.json").write_text(json.dumps(shared))
+    assert main([str(tmp_path / "*.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 1 | 3 | 0.10 |" in out
+    assert "Left out, 1 files whose arms shared the engine's prefix cache" in out
+    assert main([str(tmp_path / "*.json"), "--with-shared-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "| thermal | 2 | 6 |" in out and "--seeds 3 --with-shared-cache`" in out

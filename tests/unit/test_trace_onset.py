@@ -19,7 +19,7 @@ def _run(arm: str, seed: int, goods: tuple[int, int, int], limits: dict[float, i
     phases = tuple(PhaseResult(i, 100, g) for i, g in enumerate(goods))
     timeline = tuple({"t_s": t, "limit": lim, "reason": "holding"} for t, lim in limits.items())
     run = TraceRun("thermal", arm, seed, 105, 300, 0, sum(goods), 0, 0, 0.0, None, None, phases)
-    return asdict(run) | {"timeline": list(timeline)}
+    return asdict(run) | {"timeline": list(timeline), "prefix_cache_hit_ratio": 0.0}
 
 
 def _doc() -> dict[str, Any]:
@@ -91,3 +91,16 @@ def test_the_command_reads_globs_and_names_what_it_needs(
         main([str(tmp_path / "*.json"), "--before-s", "0"])
     with pytest.raises(SystemExit, match="no controller run"):
         main([str(tmp_path / "none-*.json")])
+
+
+def test_files_whose_arms_shared_the_prefix_cache_are_read_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = _doc()
+    shared["runs"] = [{**r, "prefix_cache_hit_ratio": None} for r in shared["runs"]]
+    (tmp_path / "shared.json").write_text(json.dumps(shared))
+    with pytest.raises(SystemExit, match="on prompts of its own"):
+        main([str(tmp_path / "*.json")])
+    assert main([str(tmp_path / "*.json"), "--with-shared-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "over 1.3x the oracle's | 1 | 0.86x" in out and "--with-shared-cache`" in out

@@ -103,7 +103,7 @@ def test_files_whose_arms_shared_the_prefix_cache_are_left_out_and_named(
     assert "| thermal | 1 | 3 | 0.80 |" in out
     assert "Left out, 1 files whose arms shared the engine's prefix cache" in out
     assert out.count("shared.json") == 2  # in the command, and among those left out
-    assert "Highest prefix-cache hit ratio of a pooled run: 3.0%" in out
+    assert "Highest prefix-cache hit ratio of a run read: 3.0%" in out
     # Asked for, they pool too, and the command says so.
     assert main([str(tmp_path / "*.json"), "--with-shared-cache"]) == 0
     out = capsys.readouterr().out
