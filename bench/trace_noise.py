@@ -53,17 +53,29 @@ class Noise:
         return math.ceil((2 * self.sd_log / math.log(factor)) ** 2)
 
 
-def log_ratios(runs: Sequence[TraceRun], arm: str = "controller") -> list[float]:
-    """Per seed: ln(the arm's good over the oracle arm's good on that seed)."""
-    if not any(r.arm.startswith("static:") and r.seed == 0 for r in runs):
-        return []
-    oracle = best_static_seed0(runs).arm
+def seed_pairs(
+    runs: Sequence[TraceRun], arm: str = "controller", against: str | None = None
+) -> list[tuple[int, int]]:
+    """Per seed with both arms: (the arm's good, the base arm's good). The base is `against`
+    where named, else the oracle (seed 0's best static limit; none without a sweep)."""
+    if against is None:
+        if not any(r.arm.startswith("static:") and r.seed == 0 for r in runs):
+            return []
+        against = best_static_seed0(runs).arm
     out = []
     for ctl in (r for r in runs if r.arm == arm):
-        static = next((r for r in runs if r.arm == oracle and r.seed == ctl.seed), None)
-        if static is not None and static.good > 0 and ctl.good > 0:
-            out.append(math.log(ctl.good / static.good))
+        base = next((r for r in runs if r.arm == against and r.seed == ctl.seed), None)
+        if base is not None:
+            out.append((ctl.good, base.good))
     return out
+
+
+def log_ratios(
+    runs: Sequence[TraceRun], arm: str = "controller", against: str | None = None
+) -> list[float]:
+    """Per seed: ln(the arm's good over the base arm's good on that seed, `seed_pairs`);
+    a seed where either made no good request has no log ratio and is left out."""
+    return [math.log(a / b) for a, b in seed_pairs(runs, arm, against) if a > 0 and b > 0]
 
 
 def pooled(docs: Iterable[dict[str, Any]]) -> list[Noise]:

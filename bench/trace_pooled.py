@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 from bench.report import publish_doc  # noqa: E402
 from bench.trace_ceiling import runs_of  # noqa: E402
 from bench.trace_files import add_shared_cache_flag, load, shown  # noqa: E402
-from bench.trace_noise import log_ratios  # noqa: E402
+from bench.trace_noise import seed_pairs  # noqa: E402
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (1-30); 2.0 past 30.
 _T975 = (
@@ -62,6 +62,7 @@ class Pooled:
     seeds: int
     run_means: tuple[float, ...]
     target: float
+    unscored: int = 0  # seeds where either arm made no good request: no log ratio
 
     @property
     def ratio(self) -> float:
@@ -95,12 +96,22 @@ def target_for(trace: str, changing: float, steady: float) -> float:
     return steady if trace.startswith("steady") else changing
 
 
-def pool(docs: Iterable[dict[str, Any]], arm: str, changing: float, steady: float) -> list[Pooled]:
+def pool(
+    docs: Iterable[dict[str, Any]],
+    arm: str,
+    changing: float,
+    steady: float,
+    against: str | None = None,
+) -> list[Pooled]:
+    """Per trace, the arm's runs against `against` (None: each run's oracle)."""
     per: dict[str, list[tuple[float, list[float]]]] = {}
+    unscored: dict[str, int] = {}
     for doc in docs:
         when = float(doc.get("measured_at_unix_s") or 0.0)
         for trace, runs in runs_of(doc).items():
-            xs = log_ratios(runs, arm)
+            pairs = seed_pairs(runs, arm, against)
+            xs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+            unscored[trace] = unscored.get(trace, 0) + len(pairs) - len(xs)
             if xs:
                 per.setdefault(trace, []).append((when, xs))
     out = []
@@ -108,7 +119,8 @@ def pool(docs: Iterable[dict[str, Any]], arm: str, changing: float, steady: floa
         found.sort(key=lambda item: item[0])
         means = tuple(statistics.fmean(xs) for _, xs in found)
         seeds = sum(len(xs) for _, xs in found)
-        out.append(Pooled(trace, seeds, means, target_for(trace, changing, steady)))
+        target = target_for(trace, changing, steady)
+        out.append(Pooled(trace, seeds, means, target, unscored[trace]))
     return out
 
 
@@ -117,12 +129,24 @@ def _span(p: Pooled) -> str:
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
 
 
-def render(rows: Sequence[Pooled], arm: str, command: str, notes: Sequence[str] = ()) -> str:
+def render(
+    rows: Sequence[Pooled],
+    arm: str,
+    command: str,
+    notes: Sequence[str] = (),
+    against: str | None = None,
+) -> str:
+    base = "the oracle" if against is None else f"`{against}`"
+    per_seed = (
+        "per run with a static sweep, each seed's good requests over the run's best static "
+        "limit's on that seed (its oracle)"
+        if against is None
+        else f"per run, each seed's good requests over the `{against}` arm's on that seed"
+    )
     lines = [
-        f"## `{arm}` against the oracle, pooled over its stored runs (issue 15)",
+        f"## `{arm}` against {base}, pooled over its stored runs (issue 15)",
         "",
-        f"From `{command}`: per run with a static sweep, each seed's good requests over the "
-        "run's best static limit's on that seed (its oracle); per run the geometric mean "
+        f"From `{command}`: {per_seed}; per run the geometric mean "
         "over its seeds; pooled, the geometric mean of the runs, with a 95 % t interval over "
         "the runs (each run a day and a box's speed). Verdict against the issue's target: "
         "met where the interval is all at or over it, missed where all under, open where it "
@@ -147,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("patterns", nargs="+", help="stored --json-out files of one controller code")
     p.add_argument("--arm", default="controller", help="the arm to pool (default controller)")
+    p.add_argument(
+        "--against",
+        help="the arm each seed's ratio is over (e.g. unbounded; default each run's oracle)",
+    )
     p.add_argument("--target-changing", type=float, default=1.1)
     p.add_argument("--target-steady", type=float, default=0.97)
     add_shared_cache_flag(p)
@@ -157,16 +185,24 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, name) > 0:
             raise SystemExit(f"{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     stored = load(args.patterns, args.with_shared_cache)
-    rows = pool(stored.docs, args.arm, args.target_changing, args.target_steady)
+    rows = pool(stored.docs, args.arm, args.target_changing, args.target_steady, args.against)
     if not rows:
-        raise stored.none_read(f"no run with a static sweep and a {args.arm!r} arm in them")
+        base = "a static sweep" if args.against is None else f"an {args.against!r} arm"
+        raise stored.none_read(f"no run with {base} and a {args.arm!r} arm in them")
     names = " ".join(shlex.quote(shown(f)) for f in stored.named)
     command = (
         f"python bench/trace_pooled.py {names} --arm {shlex.quote(args.arm)} "
-        f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
+        + ("" if args.against is None else f"--against {shlex.quote(args.against)} ")
+        + f"--target-changing {args.target_changing:g} --target-steady {args.target_steady:g}"
         + stored.flag
     )
     notes = stored.notes()
+    if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:
+        notes.insert(
+            0,
+            "Seeds left out where either arm made no good request (no ratio): "
+            + ", ".join(unscored),
+        )
     doc = {
         "command": command,
         "notes": notes,
@@ -175,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
         ],
     }
-    publish_doc(render(rows, args.arm, command, notes), doc, args.markdown, args.section, None)
+    text = render(rows, args.arm, command, notes, args.against)
+    publish_doc(text, doc, args.markdown, args.section, None)
     return 0
 
 
