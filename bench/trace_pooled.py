@@ -62,7 +62,8 @@ class Pooled:
     seeds: int
     run_means: tuple[float, ...]
     target: float
-    unscored: int = 0  # seeds where either arm made no good request: no log ratio
+    unscored: int = 0  # seeds where the arm made no good request: no log ratio
+    floored: int = 0  # seeds where only the base made none: counted as one (a lower bound)
 
     @property
     def ratio(self) -> float:
@@ -106,12 +107,18 @@ def pool(
     """Per trace, the arm's runs against `against` (None: each run's oracle)."""
     per: dict[str, list[tuple[float, list[float]]]] = {}
     unscored: dict[str, int] = {}
+    floored: dict[str, int] = {}
     for doc in docs:
         when = float(doc.get("measured_at_unix_s") or 0.0)
         for trace, runs in runs_of(doc).items():
-            pairs = seed_pairs(runs, arm, against)
-            xs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
-            unscored[trace] = unscored.get(trace, 0) + len(pairs) - len(xs)
+            both = seed_pairs(runs, arm, against)
+            pairs = [(a, b) for a, b in both if a > 0]
+            # A base that made no good request (unbounded admission drowning in its own
+            # queue) gives no finite ratio; counted as one good request, the ratio is a
+            # lower bound, so a verdict of "met" still holds.
+            xs = [math.log(a / max(b, 1)) for a, b in pairs]
+            floored[trace] = floored.get(trace, 0) + sum(b == 0 for _, b in pairs)
+            unscored[trace] = unscored.get(trace, 0) + len(both) - len(pairs)
             if xs:
                 per.setdefault(trace, []).append((when, xs))
     out = []
@@ -120,7 +127,7 @@ def pool(
         means = tuple(statistics.fmean(xs) for _, xs in found)
         seeds = sum(len(xs) for _, xs in found)
         target = target_for(trace, changing, steady)
-        out.append(Pooled(trace, seeds, means, target, unscored[trace]))
+        out.append(Pooled(trace, seeds, means, target, unscored[trace], floored[trace]))
     return out
 
 
@@ -197,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         + stored.flag
     )
     notes = stored.notes()
-    if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:
+    if floored := [f"{r.trace} {r.floored}" for r in rows if r.floored]:
         notes.insert(
             0,
-            "Seeds left out where either arm made no good request (no ratio): "
-            + ", ".join(unscored),
+            "Seeds where the base arm made no good request, counted as one (the ratio is a "
+            "lower bound): " + ", ".join(floored),
+        )
+    if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:
+        notes.insert(
+            0, f"Seeds left out where `{args.arm}` made no good request: " + ", ".join(unscored)
         )
     doc = {
         "command": command,

@@ -117,22 +117,22 @@ def test_files_whose_arms_shared_the_prefix_cache_are_left_out_and_named(
 def test_against_another_arm_each_seed_is_over_that_arms_good_and_zeros_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = _doc(1.0, (100, 100, 100))
-    doc["runs"] += [_run("thermal", "unbounded", s, g) for s, g in enumerate((50, 0, 25))]
-    # Seed 1's unbounded made no good request: no ratio, and the section says so.
+    doc = _doc(1.0, (100, 100, 100, 0))
+    doc["runs"] += [_run("thermal", "unbounded", s, g) for s, g in enumerate((50, 0, 25, 10))]
+    # Seed 1's unbounded made no good request: counted as one, a lower bound on the ratio.
+    # Seed 3's controller made none: no ratio, left out, and the section says so.
     (row,) = pool([doc], "controller", 1.5, 0.97, against="unbounded")
-    assert row.run_means == pytest.approx((statistics.fmean([math.log(2), math.log(4)]),))
-    assert (row.seeds, row.unscored, row.target) == (2, 1, 1.5)
+    logs = [math.log(2), math.log(100), math.log(4)]
+    assert row.run_means == pytest.approx((statistics.fmean(logs),))
+    assert (row.seeds, row.floored, row.unscored, row.target) == (3, 1, 1, 1.5)
     (tmp_path / "a.json").write_text(json.dumps(doc))
     pat = str(tmp_path / "*.json")
     assert main([pat, "--against", "unbounded", "--target-changing", "1.5"]) == 0
     out = capsys.readouterr().out
     assert "## `controller` against `unbounded`, pooled" in out
     assert "--arm controller --against unbounded --target-changing 1.5" in out
-    assert "| thermal | 1 | 2 | 2.83 | 2.83x | - | 1.5x | one run |" in out
-    assert "Seeds left out where either arm made no good request (no ratio): thermal 1" in out
-    # Against the oracle, as before: no seed is left out.
-    assert main([pat]) == 0
-    assert "no good request" not in capsys.readouterr().out
+    assert "| thermal | 1 | 3 | 9.28 | 9.28x | - | 1.5x | one run |" in out
+    assert "Seeds left out where `controller` made no good request: thermal 1" in out
+    assert "counted as one (the ratio is a lower bound): thermal 1" in out
     with pytest.raises(SystemExit, match="no run with an 'nothing' arm"):
         main([pat, "--against", "nothing"])
