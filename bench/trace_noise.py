@@ -70,12 +70,10 @@ def seed_pairs(
     return out
 
 
-def log_ratios(
-    runs: Sequence[TraceRun], arm: str = "controller", against: str | None = None
-) -> list[float]:
-    """Per seed: ln(the arm's good over the base arm's good on that seed, `seed_pairs`);
-    a seed where either made no good request has no log ratio and is left out."""
-    return [math.log(a / b) for a, b in seed_pairs(runs, arm, against) if a > 0 and b > 0]
+def log_ratios(runs: Sequence[TraceRun], arm: str = "controller") -> list[float]:
+    """Per seed: ln(the arm's good over the oracle's good on that seed); a seed where either
+    made no good request has no log ratio and is left out."""
+    return [math.log(a / b) for a, b in seed_pairs(runs, arm) if a > 0 and b > 0]
 
 
 def pooled(docs: Iterable[dict[str, Any]]) -> list[Noise]:

@@ -15,6 +15,11 @@ Only files whose every run recorded its prefix-cache hit ratio are pooled: those
 run on prompts of its own (goodput.run_tag; bench/trace_files.py says why).
 --with-shared-cache pools the others too.
 
+--against ARM sets each seed against that arm of the same run instead of the oracle (the
+issue's "1.5x unbounded": --against unbounded --target-changing 1.5). Unbounded admission
+can make no good request at all; such a seed counts it as one, so the ratio is a lower
+bound, and the section says how many seeds that was.
+
     .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
         [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
 """
