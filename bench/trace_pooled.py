@@ -18,7 +18,9 @@ run on prompts of its own (goodput.run_tag; bench/trace_files.py says why).
 --against ARM sets each seed against that arm of the same run instead of the oracle (the
 issue's "1.5x unbounded": --against unbounded --target-changing 1.5). Unbounded admission
 can make no good request at all; such a seed counts it as one, so the ratio is a lower
-bound, and the section says how many seeds that was.
+bound, and the section says how many seeds that was. Where the base made none in every
+seed (and the arm some in each), every seed's ratio is unbounded: no interval is shown, and
+from two runs on the verdict is met.
 
     .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
         [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
@@ -75,10 +77,18 @@ class Pooled:
         return math.exp(statistics.fmean(self.run_means))
 
     @property
+    def base_never_good(self) -> bool:
+        """The base made no good request in any seed, and the arm made some in every one:
+        each seed's ratio is unbounded, so the runs' lower bounds carry no spread to read."""
+        return self.seeds > 0 and self.floored == self.seeds and self.unscored == 0
+
+    @property
     def interval(self) -> tuple[float, float] | None:
-        """95 % interval of the pooled ratio; None from one run (no day-to-day spread)."""
+        """95 % interval of the pooled ratio; None from one run (no day-to-day spread), and
+        where the base never made a good request (an interval of lower bounds would only
+        show how the arm's own count moved with the box's speed)."""
         n = len(self.run_means)
-        if n < 2:
+        if n < 2 or self.base_never_good:
             return None
         half = t975(n - 1) * statistics.stdev(self.run_means) / math.sqrt(n)
         mean = statistics.fmean(self.run_means)
@@ -86,6 +96,9 @@ class Pooled:
 
     @property
     def verdict(self) -> str:
+        # Even an unbounded ratio needs a second day to agree before it is a verdict.
+        if self.base_never_good and len(self.run_means) >= 2:
+            return "met (base made no good request in any seed)"
         span = self.interval
         if span is None:
             return "one run"
@@ -209,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         + stored.flag
     )
     notes = stored.notes()
-    if floored := [f"{r.trace} {r.floored}" for r in rows if r.floored]:
+    if floored := [f"{r.trace} {r.floored} of {r.seeds}" for r in rows if r.floored]:
         notes.insert(
             0,
             "Seeds where the base arm made no good request, counted as one (the ratio is a "
-            "lower bound): " + ", ".join(floored),
+            "lower bound): " + ", ".join(floored) + ". Where that is every seed, each seed's "
+            "ratio is unbounded: no interval, and met from two runs on",
         )
     if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:
         notes.insert(

@@ -133,6 +133,46 @@ def test_against_another_arm_each_seed_is_over_that_arms_good_and_zeros_are_name
     assert "--arm controller --against unbounded --target-changing 1.5" in out
     assert "| thermal | 1 | 3 | 9.28 | 9.28x | - | 1.5x | one run |" in out
     assert "Seeds left out where `controller` made no good request: thermal 1" in out
-    assert "counted as one (the ratio is a lower bound): thermal 1" in out
+    assert "counted as one (the ratio is a lower bound): thermal 1 of 3." in out
     with pytest.raises(SystemExit, match="no run with an 'nothing' arm"):
         main([pat, "--against", "nothing"])
+
+
+def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def zero_base(when: float, ctl: tuple[int, ...]) -> dict:
+        doc = _doc(when, ctl)
+        doc["runs"] += [_run("thermal", "unbounded", s, 0) for s in range(len(ctl))]
+        return doc
+
+    def set_good(doc: dict, arm: str, seed: int, good: int) -> None:
+        (run,) = [r for r in doc["runs"] if (r["arm"], r["seed"]) == (arm, seed)]
+        run["good"] = good
+
+    # Every seed's ratio is unbounded: the lower bounds' spread (here 2x to 400x, the
+    # controller's own count) is no interval, and a second day makes the verdict.
+    days = [zero_base(1.0, (2, 3, 4)), zero_base(2.0, (300, 350, 400))]
+    (one,) = pool(days[:1], "controller", 1.5, 0.97, against="unbounded")
+    assert (one.base_never_good, one.interval, one.verdict) == (True, None, "one run")
+    (row,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
+    assert (row.seeds, row.floored, row.unscored) == (6, 6, 0)
+    assert row.base_never_good and row.interval is None
+    assert row.verdict == "met (base made no good request in any seed)"
+    for i, doc in enumerate(days):
+        (tmp_path / f"{i}.json").write_text(json.dumps(doc))
+    assert main([str(tmp_path / "*.json"), "--against", "unbounded"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1.1x | met (base made no good request in any seed) |" in out
+    assert "| - |" in out and "thermal 6 of 6. Where that is every seed" in out
+    # One seed where the base made some: the t interval over the runs is back.
+    set_good(days[1], "unbounded", 2, 1)
+    (mixed,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
+    assert not mixed.base_never_good and mixed.interval is not None
+    assert mixed.verdict == "open"  # runs of 2.9x and 347x: a one-dof interval holds 1.5x
+    # A seed where the controller made none: that seed has no ratio, so not every one is
+    # unbounded.
+    set_good(days[1], "unbounded", 2, 0)
+    set_good(days[0], "controller", 2, 0)
+    (gap,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
+    assert (gap.unscored, gap.base_never_good) == (1, False)
