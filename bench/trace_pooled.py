@@ -17,10 +17,12 @@ run on prompts of its own (goodput.run_tag; bench/trace_files.py says why).
 
 --against ARM sets each seed against that arm of the same run instead of the oracle (the
 issue's "1.5x unbounded": --against unbounded --target-changing 1.5). Unbounded admission
-can make no good request at all; such a seed counts it as one, so the ratio is a lower
-bound, and the section says how many seeds that was. Where the base made none in every
-seed (and the arm some in each), every seed's ratio is unbounded: no interval is shown, and
-from two runs on the verdict is met.
+can make no good request at all. Such a seed's ratio is unbounded: it is in no run's mean
+and not in the interval, which is then over the seeds where the base made some (leaving
+out seeds wholly in the arm's favour can only understate it, so a "met" holds; a "missed"
+cannot be read from them and stays "open"). A run with only such seeds shows as infinite,
+and the section says how many seeds that was. Where the base made none in every seed (and
+the arm some in each), no interval is shown, and from two runs on the verdict is met.
 
     .venv/bin/python bench/trace_pooled.py docs/bench-goodput-traces-medgap-*.json ... \
         [--arm controller] [--markdown docs/benchmarks.md --section trace_pooled]
@@ -67,14 +69,21 @@ class Pooled:
 
     trace: str
     seeds: int
-    run_means: tuple[float, ...]
+    # Per run, the mean over its seeds where the base made some; None where it made none in
+    # every seed of that run (each of its ratios unbounded).
+    run_means: tuple[float | None, ...]
     target: float
     unscored: int = 0  # seeds where the arm made no good request: no log ratio
-    floored: int = 0  # seeds where only the base made none: counted as one (a lower bound)
+    floored: int = 0  # seeds where only the base made none: unbounded, in no mean
+
+    @property
+    def finite_means(self) -> tuple[float, ...]:
+        return tuple(m for m in self.run_means if m is not None)
 
     @property
     def ratio(self) -> float:
-        return math.exp(statistics.fmean(self.run_means))
+        finite = self.finite_means
+        return math.exp(statistics.fmean(finite)) if finite else math.inf
 
     @property
     def base_never_good(self) -> bool:
@@ -84,14 +93,17 @@ class Pooled:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        """95 % interval of the pooled ratio; None from one run (no day-to-day spread), and
-        where the base never made a good request (an interval of lower bounds would only
-        show how the arm's own count moved with the box's speed)."""
-        n = len(self.run_means)
-        if n < 2 or self.base_never_good:
+        """95 % interval of the pooled ratio over the runs where the base made some good
+        requests; None from fewer than two of them (no day-to-day spread). Seeds where the
+        base made none are left out rather than counted as one: the arm's own count would
+        then stand in for a ratio, and its day-to-day swing (86 good one day, 216 the next)
+        would widen the interval to nothing."""
+        finite = self.finite_means
+        n = len(finite)
+        if n < 2:
             return None
-        half = t975(n - 1) * statistics.stdev(self.run_means) / math.sqrt(n)
-        mean = statistics.fmean(self.run_means)
+        half = t975(n - 1) * statistics.stdev(finite) / math.sqrt(n)
+        mean = statistics.fmean(finite)
         return math.exp(mean - half), math.exp(mean + half)
 
     @property
@@ -101,11 +113,12 @@ class Pooled:
             return "met (base made no good request in any seed)"
         span = self.interval
         if span is None:
-            return "one run"
+            return "one run" if len(self.run_means) < 2 else "one run where the base made some"
         low, high = span
         if low >= self.target:
             return "met"
-        if high < self.target:
+        # Seeds left out for an unbounded ratio were the arm's best: no "missed" without them.
+        if high < self.target and not self.floored:
             return "missed"
         return "open"
 
@@ -123,7 +136,7 @@ def pool(
     against: str | None = None,
 ) -> list[Pooled]:
     """Per trace, the arm's runs against `against` (None: each run's oracle)."""
-    per: dict[str, list[tuple[float, list[float]]]] = {}
+    per: dict[str, list[tuple[float, float | None, int]]] = {}
     unscored: dict[str, int] = {}
     floored: dict[str, int] = {}
     for doc in docs:
@@ -132,18 +145,18 @@ def pool(
             both = seed_pairs(runs, arm, against)
             pairs = [(a, b) for a, b in both if a > 0]
             # A base that made no good request (unbounded admission drowning in its own
-            # queue) gives no finite ratio; counted as one good request, the ratio is a
-            # lower bound, so a verdict of "met" still holds.
-            xs = [math.log(a / max(b, 1)) for a, b in pairs]
-            floored[trace] = floored.get(trace, 0) + sum(b == 0 for _, b in pairs)
+            # queue) gives no finite ratio: that seed is in no mean (Pooled.interval).
+            xs = [math.log(a / b) for a, b in pairs if b > 0]
+            floored[trace] = floored.get(trace, 0) + len(pairs) - len(xs)
             unscored[trace] = unscored.get(trace, 0) + len(both) - len(pairs)
-            if xs:
-                per.setdefault(trace, []).append((when, xs))
+            if pairs:
+                mean = statistics.fmean(xs) if xs else None
+                per.setdefault(trace, []).append((when, mean, len(pairs)))
     out = []
     for trace, found in sorted(per.items()):
         found.sort(key=lambda item: item[0])
-        means = tuple(statistics.fmean(xs) for _, xs in found)
-        seeds = sum(len(xs) for _, xs in found)
+        means = tuple(mean for _, mean, _ in found)
+        seeds = sum(n for _, _, n in found)
         target = target_for(trace, changing, steady)
         out.append(Pooled(trace, seeds, means, target, unscored[trace], floored[trace]))
     return out
@@ -152,6 +165,10 @@ def pool(
 def _span(p: Pooled) -> str:
     span = p.interval
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
+
+
+def _times(ratio: float) -> str:
+    return "∞" if math.isinf(ratio) else f"{ratio:.2f}"
 
 
 def render(
@@ -182,9 +199,9 @@ def render(
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in rows:
-        each = ", ".join(f"{math.exp(m):.2f}" for m in p.run_means)
+        each = ", ".join(_times(math.inf if m is None else math.exp(m)) for m in p.run_means)
         lines.append(
-            f"| {p.trace} | {len(p.run_means)} | {p.seeds} | {each} | {p.ratio:.2f}x | "
+            f"| {p.trace} | {len(p.run_means)} | {p.seeds} | {each} | {_times(p.ratio)}x | "
             f"{_span(p)} | {p.target:g}x | {p.verdict} |"
         )
     if notes:
@@ -225,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     if floored := [f"{r.trace} {r.floored} of {r.seeds}" for r in rows if r.floored]:
         notes.insert(
             0,
-            "Seeds where the base arm made no good request, counted as one (the ratio is a "
-            "lower bound): " + ", ".join(floored) + ". Where that is every seed, each seed's "
-            "ratio is unbounded: no interval, and met from two runs on",
+            "Seeds where the base arm made no good request, each ratio unbounded (in no run's "
+            "mean; a run of only such seeds shows ∞, and the interval is over the runs where "
+            "the base made some): " + ", ".join(floored) + ". Where that is every seed, no "
+            "interval, and met from two runs on",
         )
     if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:
         notes.insert(

@@ -119,10 +119,11 @@ def test_against_another_arm_each_seed_is_over_that_arms_good_and_zeros_are_name
 ) -> None:
     doc = _doc(1.0, (100, 100, 100, 0))
     doc["runs"] += [_run("thermal", "unbounded", s, g) for s, g in enumerate((50, 0, 25, 10))]
-    # Seed 1's unbounded made no good request: counted as one, a lower bound on the ratio.
-    # Seed 3's controller made none: no ratio, left out, and the section says so.
+    # Seed 1's unbounded made no good request: an unbounded ratio, in no mean (counted as
+    # one, the controller's own 100 would stand in for a ratio). Seed 3's controller made
+    # none: no ratio, left out, and the section says so of both.
     (row,) = pool([doc], "controller", 1.5, 0.97, against="unbounded")
-    logs = [math.log(2), math.log(100), math.log(4)]
+    logs = [math.log(2), math.log(4)]
     assert row.run_means == pytest.approx((statistics.fmean(logs),))
     assert (row.seeds, row.floored, row.unscored, row.target) == (3, 1, 1, 1.5)
     (tmp_path / "a.json").write_text(json.dumps(doc))
@@ -131,9 +132,9 @@ def test_against_another_arm_each_seed_is_over_that_arms_good_and_zeros_are_name
     out = capsys.readouterr().out
     assert "## `controller` against `unbounded`, pooled" in out
     assert "--arm controller --against unbounded --target-changing 1.5" in out
-    assert "| thermal | 1 | 3 | 9.28 | 9.28x | - | 1.5x | one run |" in out
+    assert "| thermal | 1 | 3 | 2.83 | 2.83x | - | 1.5x | one run |" in out
     assert "Seeds left out where `controller` made no good request: thermal 1" in out
-    assert "counted as one (the ratio is a lower bound): thermal 1 of 3." in out
+    assert "each ratio unbounded (in no run's mean;" in out and ": thermal 1 of 3." in out
     with pytest.raises(SystemExit, match="no run with an 'nothing' arm"):
         main([pat, "--against", "nothing"])
 
@@ -163,13 +164,28 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
         (tmp_path / f"{i}.json").write_text(json.dumps(doc))
     assert main([str(tmp_path / "*.json"), "--against", "unbounded"]) == 0
     out = capsys.readouterr().out
-    assert "| 1.1x | met (base made no good request in any seed) |" in out
-    assert "| - |" in out and "thermal 6 of 6. Where that is every seed" in out
-    # One seed where the base made some: the t interval over the runs is back.
-    set_good(days[1], "unbounded", 2, 1)
+    assert "| thermal | 2 | 6 | ∞, ∞ | ∞x | - | 1.1x | met (base made no good request" in out
+    assert "thermal 6 of 6. Where that is every seed" in out
+    # One seed where the base made some: that run's mean is over that seed alone (400/100),
+    # and one such run gives no interval.
+    set_good(days[1], "unbounded", 2, 100)
     (mixed,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
-    assert not mixed.base_never_good and mixed.interval is not None
-    assert mixed.verdict == "open"  # runs of 2.9x and 347x: a one-dof interval holds 1.5x
+    assert not mixed.base_never_good and mixed.interval is None
+    assert mixed.run_means == (None, pytest.approx(math.log(4)))
+    assert (mixed.floored, mixed.verdict) == (5, "one run where the base made some")
+    # A second such run (about 4x): the interval is over those two, and the seeds at zero
+    # (with the arm's counts of 2 to 350 as lower bounds, they spread it to nothing) are out.
+    third = _doc(3.0, (390, 400, 410))
+    third["runs"] += [_run("thermal", "unbounded", s, 100) for s in range(3)]
+    (both,) = pool([*days, third], "controller", 1.5, 0.97, against="unbounded")
+    assert both.interval is not None and both.interval[0] >= 1.5
+    assert both.verdict == "met"
+    assert both.ratio == pytest.approx(math.exp(statistics.fmean(both.run_means[1:])))
+    # All under the target, but some seeds wholly in the arm's favour were left out: open,
+    # where the same runs without them are missed.
+    runs = (math.log(4.0), math.log(4.1))
+    assert Pooled("thermal", 6, runs, 10.0).verdict == "missed"
+    assert Pooled("thermal", 7, runs, 10.0, floored=1).verdict == "open"
     # A seed where the controller made none: that seed has no ratio, so not every one is
     # unbounded.
     set_good(days[1], "unbounded", 2, 0)
