@@ -113,7 +113,10 @@ class Pooled:
             return "met (base made no good request in any seed)"
         span = self.interval
         if span is None:
-            return "one run" if len(self.run_means) < 2 else "one run where the base made some"
+            if len(self.run_means) < 2:
+                return "one run"
+            made_some, runs = len(self.finite_means), len(self.run_means)
+            return f"{made_some} of {runs} runs where the base made some"
         low, high = span
         if low >= self.target:
             return "met"

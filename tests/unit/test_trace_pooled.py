@@ -172,7 +172,7 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
     (mixed,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
     assert not mixed.base_never_good and mixed.interval is None
     assert mixed.run_means == (None, pytest.approx(math.log(4)))
-    assert (mixed.floored, mixed.verdict) == (5, "one run where the base made some")
+    assert (mixed.floored, mixed.verdict) == (5, "1 of 2 runs where the base made some")
     # A second such run (about 4x): the interval is over those two, and the seeds at zero
     # (with the arm's counts of 2 to 350 as lower bounds, they spread it to nothing) are out.
     third = _doc(3.0, (390, 400, 410))
@@ -192,3 +192,4 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
     set_good(days[0], "controller", 2, 0)
     (gap,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
     assert (gap.unscored, gap.base_never_good) == (1, False)
+    assert gap.verdict == "0 of 2 runs where the base made some"
