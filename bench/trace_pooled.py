@@ -74,7 +74,7 @@ class Pooled:
     run_means: tuple[float | None, ...]
     target: float
     unscored: int = 0  # seeds where the arm made no good request: no log ratio
-    floored: int = 0  # seeds where only the base made none: unbounded, in no mean
+    base_zero: int = 0  # seeds where only the base made none: unbounded, in no mean
 
     @property
     def finite_means(self) -> tuple[float, ...]:
@@ -88,8 +88,8 @@ class Pooled:
     @property
     def base_never_good(self) -> bool:
         """The base made no good request in any seed, and the arm made some in every one:
-        each seed's ratio is unbounded, so the runs' lower bounds carry no spread to read."""
-        return self.seeds > 0 and self.floored == self.seeds and self.unscored == 0
+        each seed's ratio is unbounded, so no run has a finite mean to spread."""
+        return self.seeds > 0 and self.base_zero == self.seeds and self.unscored == 0
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -121,7 +121,7 @@ class Pooled:
         if low >= self.target:
             return "met"
         # Seeds left out for an unbounded ratio were the arm's best: no "missed" without them.
-        if high < self.target and not self.floored:
+        if high < self.target and not self.base_zero:
             return "missed"
         return "open"
 
@@ -141,7 +141,7 @@ def pool(
     """Per trace, the arm's runs against `against` (None: each run's oracle)."""
     per: dict[str, list[tuple[float, float | None, int]]] = {}
     unscored: dict[str, int] = {}
-    floored: dict[str, int] = {}
+    base_zero: dict[str, int] = {}
     for doc in docs:
         when = float(doc.get("measured_at_unix_s") or 0.0)
         for trace, runs in runs_of(doc).items():
@@ -150,7 +150,7 @@ def pool(
             # A base that made no good request (unbounded admission drowning in its own
             # queue) gives no finite ratio: that seed is in no mean (Pooled.interval).
             xs = [math.log(a / b) for a, b in pairs if b > 0]
-            floored[trace] = floored.get(trace, 0) + len(pairs) - len(xs)
+            base_zero[trace] = base_zero.get(trace, 0) + len(pairs) - len(xs)
             unscored[trace] = unscored.get(trace, 0) + len(both) - len(pairs)
             if pairs:
                 mean = statistics.fmean(xs) if xs else None
@@ -161,7 +161,7 @@ def pool(
         means = tuple(mean for _, mean, _ in found)
         seeds = sum(n for _, _, n in found)
         target = target_for(trace, changing, steady)
-        out.append(Pooled(trace, seeds, means, target, unscored[trace], floored[trace]))
+        out.append(Pooled(trace, seeds, means, target, unscored[trace], base_zero[trace]))
     return out
 
 
@@ -242,12 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         + stored.flag
     )
     notes = stored.notes()
-    if floored := [f"{r.trace} {r.floored} of {r.seeds}" for r in rows if r.floored]:
+    if base_zero := [f"{r.trace} {r.base_zero} of {r.seeds}" for r in rows if r.base_zero]:
         notes.insert(
             0,
             "Seeds where the base arm made no good request, each ratio unbounded (in no run's "
             "mean; a run of only such seeds shows ∞, and the interval is over the runs where "
-            "the base made some): " + ", ".join(floored) + ". Where that is every seed, no "
+            "the base made some): " + ", ".join(base_zero) + ". Where that is every seed, no "
             "interval, and met from two runs on",
         )
     if unscored := [f"{r.trace} {r.unscored}" for r in rows if r.unscored]:

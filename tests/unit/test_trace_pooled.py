@@ -125,7 +125,7 @@ def test_against_another_arm_each_seed_is_over_that_arms_good_and_zeros_are_name
     (row,) = pool([doc], "controller", 1.5, 0.97, against="unbounded")
     logs = [math.log(2), math.log(4)]
     assert row.run_means == pytest.approx((statistics.fmean(logs),))
-    assert (row.seeds, row.floored, row.unscored, row.target) == (3, 1, 1, 1.5)
+    assert (row.seeds, row.base_zero, row.unscored, row.target) == (3, 1, 1, 1.5)
     (tmp_path / "a.json").write_text(json.dumps(doc))
     pat = str(tmp_path / "*.json")
     assert main([pat, "--against", "unbounded", "--target-changing", "1.5"]) == 0
@@ -157,7 +157,7 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
     (one,) = pool(days[:1], "controller", 1.5, 0.97, against="unbounded")
     assert (one.base_never_good, one.interval, one.verdict) == (True, None, "one run")
     (row,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
-    assert (row.seeds, row.floored, row.unscored) == (6, 6, 0)
+    assert (row.seeds, row.base_zero, row.unscored) == (6, 6, 0)
     assert row.base_never_good and row.interval is None
     assert row.verdict == "met (base made no good request in any seed)"
     for i, doc in enumerate(days):
@@ -172,7 +172,7 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
     (mixed,) = pool(days, "controller", 1.5, 0.97, against="unbounded")
     assert not mixed.base_never_good and mixed.interval is None
     assert mixed.run_means == (None, pytest.approx(math.log(4)))
-    assert (mixed.floored, mixed.verdict) == (5, "1 of 2 runs where the base made some")
+    assert (mixed.base_zero, mixed.verdict) == (5, "1 of 2 runs where the base made some")
     # A second such run (about 4x): the interval is over those two, and the seeds at zero
     # (with the arm's counts of 2 to 350 as lower bounds, they spread it to nothing) are out.
     third = _doc(3.0, (390, 400, 410))
@@ -185,7 +185,7 @@ def test_a_base_that_never_made_a_good_request_is_met_from_two_runs_without_an_i
     # where the same runs without them are missed.
     runs = (math.log(4.0), math.log(4.1))
     assert Pooled("thermal", 6, runs, 10.0).verdict == "missed"
-    assert Pooled("thermal", 7, runs, 10.0, floored=1).verdict == "open"
+    assert Pooled("thermal", 7, runs, 10.0, base_zero=1).verdict == "open"
     # A seed where the controller made none: that seed has no ratio, so not every one is
     # unbounded.
     set_good(days[1], "unbounded", 2, 0)
